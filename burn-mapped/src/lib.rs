@@ -1,1 +1,75 @@
-//! placeholder
+//! Load Burn model weights by adopting page-aligned, memory-mapped tensor files as backend
+//! storage instead of copying them.
+//!
+//! # Store format (version 1)
+//!
+//! A store is a directory:
+//!
+//! ```text
+//! store/
+//!   manifest.json          format tag, version, alignment, and per tensor: name (module path),
+//!                          dtype, shape, file, logical length, xxh3-64, optional param id and
+//!                          quantization link
+//!   00000-<name>.tensor    tensor bytes at offset 0, zero-padded to a multiple of 16 KiB
+//!   00001-<name>.tensor
+//!   ...
+//! ```
+//!
+//! One file per tensor puts every tensor at offset 0, so its mapping starts on a page boundary
+//! and never shares a page with another tensor on 4 KiB or 16 KiB page systems; GPU host-import
+//! APIs need page-aligned bases and lengths and can take such a file whole.
+//!
+//! # Adoption
+//!
+//! Files are mapped `PROT_READ` + `MAP_SHARED` (a private mapping can turn into anonymous
+//! copies). Two routes lead into a module, both without copying:
+//!
+//! - [`MappedRecorder::load`] returns Burn's own [`ModuleRecord`](burn::store::ModuleRecord):
+//!   it reserves one address range, writes a small burnpack header into its first pages and
+//!   maps each tensor file at a 16 KiB-aligned slot behind it, then hands the range to
+//!   `ModuleRecord::from_bytes`, whose reader windows into it. `module.load_record(record)`
+//!   adopts the windows.
+//! - [`MappedStore`] implements burn-store's `ModuleStore`, so
+//!   `module.load_from(&mut MappedStore::open(dir)?)` adopts each file's mapping directly,
+//!   through this crate's read-only controller (which supports strict mode).
+//!
+//! On Flex (Burn's CPU backend) the parameter tensors then *are* the page-cache pages, shared
+//! by every process that maps the store. Burn's NdArray backend keeps such bytes at rest but
+//! copies borrowed storage on every op (a per-use copy). On CubeCL backends `from_data` copies
+//! once into device memory: that is the *resident* placement, not adoption.
+//!
+//! # Read-only
+//!
+//! Nothing writes mapped bytes: the pages are `PROT_READ`, and Burn's requests for mutable
+//! access either copy first (default) or fail naming the tensor ([`StrictMode`], also set by
+//! `BURN_MAPPED_STRICT=1`). See [`readonly`](crate::StrictMode) and [`MappedFile`] for what
+//! happens if another program truncates or rewrites a mapped file.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod burn_store;
+mod dtype;
+mod error;
+mod image;
+mod layout;
+mod manifest;
+mod map;
+pub mod memstat;
+mod readonly;
+mod recorder;
+mod store;
+mod writer;
+
+pub use dtype::{dtype_name, parse_dtype};
+pub use error::{ExpectedLen, StoreError};
+pub use layout::{ALIGNMENT, padded_len, page_size};
+pub use manifest::{
+    FORMAT, FORMAT_VERSION, MANIFEST_FILE, MAX_FILE_NAME_BYTES, MAX_MANIFEST_BYTES, MAX_NAME_BYTES,
+    MAX_RANK, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,
+};
+pub use map::MappedFile;
+pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
+pub use recorder::MappedRecorder;
+pub use store::{MappedStore, OpenOptions};
+pub use writer::{StoreWriter, TensorSink, TensorSpec};

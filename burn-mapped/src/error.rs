@@ -1,0 +1,313 @@
+//! The store's error type. Every variant names the tensor and/or file it is about, so a
+//! message read in a log is enough to find the bad input.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Errors from reading, writing, mapping and verifying a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The manifest could not be read.
+    #[error("{}: cannot read manifest: {source}", path.display())]
+    ManifestIo {
+        /// Manifest path.
+        path: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// The manifest is larger than [`crate::MAX_MANIFEST_BYTES`].
+    #[error("{}: manifest is {len} bytes, over the {max}-byte limit", path.display())]
+    ManifestTooLarge {
+        /// Manifest path.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The manifest is not valid JSON of the expected shape.
+    #[error("{}: malformed manifest: {source}", path.display())]
+    ManifestSyntax {
+        /// Manifest path.
+        path: PathBuf,
+        /// Parser error (line and column included).
+        source: serde_json::Error,
+    },
+    /// The manifest is of a format version this build does not read.
+    #[error("{}: unsupported store format `{format}` version {version} (this build reads `burn-mapped` version {supported})", path.display())]
+    UnsupportedVersion {
+        /// Manifest path.
+        path: PathBuf,
+        /// Format tag found.
+        format: String,
+        /// Version found.
+        version: u32,
+        /// Version this build reads.
+        supported: u32,
+    },
+    /// The manifest declares an alignment other than the one this build writes and maps.
+    #[error("{}: store alignment {found} is not supported (expected {expected})", path.display())]
+    UnsupportedAlignment {
+        /// Manifest path.
+        path: PathBuf,
+        /// Alignment found.
+        found: u64,
+        /// Alignment expected.
+        expected: u64,
+    },
+    /// A manifest-wide limit was exceeded.
+    #[error("{}: {what} is {found}, over the limit of {max}", path.display())]
+    LimitExceeded {
+        /// Manifest path.
+        path: PathBuf,
+        /// What was counted.
+        what: &'static str,
+        /// Count found.
+        found: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A tensor name is empty, too long or contains control characters.
+    #[error("tensor `{tensor}`: invalid name: {reason}")]
+    InvalidName {
+        /// The name as found (escaped for printing).
+        tensor: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// Two entries share a name.
+    #[error("tensor `{tensor}` appears twice in the manifest")]
+    DuplicateName {
+        /// The repeated name.
+        tensor: String,
+    },
+    /// Two entries share a file.
+    #[error("tensors `{tensor}` and `{other}` both use file `{file}`")]
+    DuplicateFile {
+        /// Second tensor.
+        tensor: String,
+        /// First tensor.
+        other: String,
+        /// The shared file name.
+        file: String,
+    },
+    /// A file name could escape the store directory or is otherwise unusable.
+    #[error("tensor `{tensor}`: file name `{file}` is not a plain file name inside the store ({reason})")]
+    UnsafeFileName {
+        /// Tensor.
+        tensor: String,
+        /// File name as found.
+        file: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A dtype string this build does not know.
+    #[error("tensor `{tensor}` (file `{file}`): unknown dtype `{dtype}`")]
+    UnknownDType {
+        /// Tensor.
+        tensor: String,
+        /// File name.
+        file: String,
+        /// The dtype string found.
+        dtype: String,
+    },
+    /// The logical length does not equal shape x element size.
+    #[error("tensor `{tensor}` (file `{file}`): length {len} bytes does not match shape {shape:?} of {dtype} ({expected} bytes)")]
+    LengthMismatch {
+        /// Tensor.
+        tensor: String,
+        /// File name.
+        file: String,
+        /// Declared length.
+        len: u64,
+        /// Declared shape.
+        shape: Vec<u64>,
+        /// Declared dtype.
+        dtype: String,
+        /// shape x element size, or `None` on overflow.
+        expected: ExpectedLen,
+    },
+    /// A checksum string is not 16 hex digits.
+    #[error("tensor `{tensor}` (file `{file}`): checksum `{found}` is not a 64-bit hex value")]
+    BadChecksum {
+        /// Tensor.
+        tensor: String,
+        /// File name.
+        file: String,
+        /// What was found.
+        found: String,
+    },
+    /// A quantization link names a tensor that is absent or unsuitable.
+    #[error("tensor `{tensor}`: quantization link to `{scale}`: {reason}")]
+    BadQuantLink {
+        /// The quantized weight.
+        tensor: String,
+        /// The linked scale tensor.
+        scale: String,
+        /// Why the link is rejected.
+        reason: &'static str,
+    },
+    /// A tensor file is absent.
+    #[error("tensor `{tensor}`: file {} is missing", file.display())]
+    MissingFile {
+        /// Tensor.
+        tensor: String,
+        /// Full path of the file.
+        file: PathBuf,
+    },
+    /// A tensor file is shorter than its padded length (mapping it would fault).
+    #[error("tensor `{tensor}`: file {} is {actual} bytes, shorter than the {expected} bytes the manifest implies", file.display())]
+    ShortFile {
+        /// Tensor.
+        tensor: String,
+        /// Full path of the file.
+        file: PathBuf,
+        /// Actual size.
+        actual: u64,
+        /// Padded length the manifest implies.
+        expected: u64,
+    },
+    /// I/O on a tensor file failed.
+    #[error("tensor `{tensor}`: file {}: {source}", file.display())]
+    Io {
+        /// Tensor.
+        tensor: String,
+        /// Full path of the file.
+        file: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// I/O on the store directory failed.
+    #[error("store {}: {source}", dir.display())]
+    DirIo {
+        /// Store directory (or the temporary directory being written).
+        dir: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// A file's bytes do not hash to the manifest's checksum.
+    #[error("tensor `{tensor}`: file {} has checksum {actual:016x}, manifest says {expected:016x}", file.display())]
+    ChecksumMismatch {
+        /// Tensor.
+        tensor: String,
+        /// Full path of the file.
+        file: PathBuf,
+        /// Manifest checksum.
+        expected: u64,
+        /// Computed checksum.
+        actual: u64,
+    },
+    /// The zero padding after a tensor holds non-zero bytes.
+    #[error("tensor `{tensor}`: file {} has non-zero bytes in its padding", file.display())]
+    DirtyPadding {
+        /// Tensor.
+        tensor: String,
+        /// Full path of the file.
+        file: PathBuf,
+    },
+    /// The writer was handed a different number of bytes than it was told.
+    #[error("tensor `{tensor}`: writer received {actual} bytes, expected {expected}")]
+    WrongByteCount {
+        /// Tensor.
+        tensor: String,
+        /// Bytes declared.
+        expected: u64,
+        /// Bytes received.
+        actual: u64,
+    },
+    /// A dtype the store cannot hold (e.g. Burn's packed quantized tensors).
+    #[error("tensor `{tensor}`: dtype {dtype} cannot be stored")]
+    UnsupportedDType {
+        /// Tensor.
+        tensor: String,
+        /// Burn dtype, printed.
+        dtype: String,
+    },
+    /// A tensor asked for is not in the store.
+    #[error("tensor `{tensor}` is not in store {}", dir.display())]
+    TensorNotFound {
+        /// Tensor.
+        tensor: String,
+        /// Store directory.
+        dir: PathBuf,
+    },
+    /// The module's parameter has a different shape than the stored tensor.
+    #[error("tensor `{tensor}`: module expects shape {expected:?}, store {} has {found:?}", dir.display())]
+    ShapeMismatch {
+        /// Tensor.
+        tensor: String,
+        /// Store directory.
+        dir: PathBuf,
+        /// Shape the module expects.
+        expected: Vec<usize>,
+        /// Shape in the store.
+        found: Vec<usize>,
+    },
+    /// The module's parameter has a different dtype than the stored tensor.
+    #[error("tensor `{tensor}`: module expects dtype {expected}, store {} has {found}", dir.display())]
+    DTypeMismatch {
+        /// Tensor.
+        tensor: String,
+        /// Store directory.
+        dir: PathBuf,
+        /// Dtype the module expects.
+        expected: String,
+        /// Dtype in the store.
+        found: String,
+    },
+    /// Module parameters absent from the store, or stored tensors no parameter took.
+    #[error("store {}: {what}: {}", dir.display(), tensors.join(", "))]
+    Unmatched {
+        /// Store directory.
+        dir: PathBuf,
+        /// "missing from the store" or "not used by the module".
+        what: &'static str,
+        /// The tensor names.
+        tensors: Vec<String>,
+    },
+    /// Write access to mapped bytes was requested.
+    #[error("tensor `{tensor}` is a read-only file mapping; write access refused")]
+    ReadOnly {
+        /// Tensor.
+        tensor: String,
+    },
+    /// This system's pages are larger than the store alignment, so files cannot be placed at
+    /// page-aligned addresses back to back.
+    #[error("page size {page} does not divide the store alignment {alignment}")]
+    UnsupportedPageSize {
+        /// System page size.
+        page: usize,
+        /// Store alignment.
+        alignment: u64,
+    },
+    /// Reserving or mapping address space failed.
+    #[error("mapping {what}: {source}")]
+    Map {
+        /// What was being mapped.
+        what: String,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// Burn's own record reader refused the image (a bug in this crate if it happens).
+    #[error("burnpack image rejected by burn: {0}")]
+    Record(String),
+}
+
+/// The length implied by a shape, or overflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectedLen {
+    /// shape x element size fits in u64.
+    Bytes(u64),
+    /// shape x element size overflows u64.
+    Overflow,
+}
+
+impl std::fmt::Display for ExpectedLen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpectedLen::Bytes(n) => write!(f, "{n}"),
+            ExpectedLen::Overflow => f.write_str("overflow"),
+        }
+    }
+}

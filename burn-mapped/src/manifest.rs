@@ -1,0 +1,495 @@
+//! `manifest.json`: the store's table of contents, parsed once into a type that can only exist
+//! valid. Everything a mapping relies on (names, files, lengths, dtypes) is checked here, before
+//! any tensor file is opened.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use burn::tensor::DType;
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{dtype_name, parse_dtype};
+use crate::error::{ExpectedLen, StoreError};
+use crate::layout::{ALIGNMENT, padded_len};
+
+/// The manifest's file name inside a store directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The format tag written in every manifest.
+pub const FORMAT: &str = "burn-mapped";
+/// The store format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Largest manifest accepted (a manifest is a few hundred bytes per tensor).
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
+/// Most tensors one store may hold.
+pub const MAX_TENSORS: usize = 1 << 20;
+/// Longest tensor name, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+/// Longest file name, in bytes (the common file-system limit).
+pub const MAX_FILE_NAME_BYTES: usize = 255;
+/// Highest tensor rank.
+pub const MAX_RANK: usize = 8;
+
+/// The quantization scheme of the packed int8 format: int8 `[out, in]` values with one f16
+/// scale per output row.
+pub const Q8_ROW_F16: &str = "q8-row-f16";
+
+/// Links a quantized weight to the tensor holding its scales.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantLink {
+    /// The scheme; only [`Q8_ROW_F16`] exists today.
+    pub scheme: String,
+    /// Name of the scale tensor.
+    pub scale: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    format: String,
+    version: u32,
+    alignment: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<String, String>,
+    tensors: Vec<RawEntry>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntry {
+    name: String,
+    dtype: String,
+    shape: Vec<u64>,
+    file: String,
+    len: u64,
+    xxh3: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    param_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quant: Option<QuantLink>,
+}
+
+/// One validated tensor entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorEntry {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    file: String,
+    len: u64,
+    padded_len: u64,
+    xxh3: u64,
+    param_id: Option<u64>,
+    quant: Option<QuantLink>,
+}
+
+impl TensorEntry {
+    /// Builds an entry, applying the same checks as the manifest parser.
+    pub(crate) fn new(
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        file: String,
+        xxh3: u64,
+        param_id: Option<u64>,
+        quant: Option<QuantLink>,
+    ) -> Result<Self, StoreError> {
+        let dtype_str = dtype_name(dtype).ok_or_else(|| StoreError::UnsupportedDType {
+            tensor: name.clone(),
+            dtype: format!("{dtype:?}"),
+        })?;
+        let len = match shape_bytes(&shape.iter().map(|&d| d as u64).collect::<Vec<_>>(), dtype) {
+            ExpectedLen::Bytes(n) => n,
+            ExpectedLen::Overflow => {
+                return Err(StoreError::LengthMismatch {
+                    tensor: name,
+                    file,
+                    len: 0,
+                    shape: shape.iter().map(|&d| d as u64).collect(),
+                    dtype: dtype_str.to_string(),
+                    expected: ExpectedLen::Overflow,
+                });
+            }
+        };
+        let raw = RawEntry {
+            name,
+            dtype: dtype_str.to_string(),
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            file,
+            len,
+            xxh3: format!("{xxh3:016x}"),
+            param_id,
+            quant,
+        };
+        validate_entry(raw)
+    }
+
+    /// Module path of the tensor (`layers.0.attn.q_proj.weight`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Shape, row-major.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// File name relative to the store directory.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+    /// Logical byte length (shape x element size).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether the tensor holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// On-disk length: `len` rounded up to [`ALIGNMENT`].
+    pub fn padded_len(&self) -> u64 {
+        self.padded_len
+    }
+    /// xxh3-64 of the logical bytes.
+    pub fn xxh3(&self) -> u64 {
+        self.xxh3
+    }
+    /// Burn parameter id recorded with the tensor, if any.
+    pub fn param_id(&self) -> Option<u64> {
+        self.param_id
+    }
+    /// Quantization link, if this is a quantized weight.
+    pub fn quant(&self) -> Option<&QuantLink> {
+        self.quant.as_ref()
+    }
+    /// Manifest spelling of the dtype.
+    pub fn dtype_name(&self) -> &'static str {
+        dtype_name(self.dtype).expect("validated at construction")
+    }
+}
+
+/// A parsed and validated manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    metadata: BTreeMap<String, String>,
+    tensors: Vec<TensorEntry>,
+    index: HashMap<String, usize>,
+}
+
+impl Manifest {
+    /// Reads and validates `<dir>/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.join(MANIFEST_FILE);
+        let io = |source| StoreError::ManifestIo {
+            path: path.clone(),
+            source,
+        };
+        let len = std::fs::metadata(&path).map_err(io)?.len();
+        if len > MAX_MANIFEST_BYTES {
+            return Err(StoreError::ManifestTooLarge {
+                path,
+                len,
+                max: MAX_MANIFEST_BYTES,
+            });
+        }
+        let bytes = std::fs::read(&path).map_err(io)?;
+        Self::parse(&bytes, &path)
+    }
+
+    /// Parses and validates manifest bytes; `path` is only used in error messages.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Self, StoreError> {
+        let too_many = |what, found: usize, max: usize| StoreError::LimitExceeded {
+            path: path.to_path_buf(),
+            what,
+            found: found as u64,
+            max: max as u64,
+        };
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(StoreError::ManifestTooLarge {
+                path: path.to_path_buf(),
+                len: bytes.len() as u64,
+                max: MAX_MANIFEST_BYTES,
+            });
+        }
+        let raw: RawManifest =
+            serde_json::from_slice(bytes).map_err(|source| StoreError::ManifestSyntax {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if raw.format != FORMAT || raw.version != FORMAT_VERSION {
+            return Err(StoreError::UnsupportedVersion {
+                path: path.to_path_buf(),
+                format: raw.format,
+                version: raw.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if raw.alignment != ALIGNMENT {
+            return Err(StoreError::UnsupportedAlignment {
+                path: path.to_path_buf(),
+                found: raw.alignment,
+                expected: ALIGNMENT,
+            });
+        }
+        if raw.tensors.len() > MAX_TENSORS {
+            return Err(too_many("tensor count", raw.tensors.len(), MAX_TENSORS));
+        }
+        let tensors = raw
+            .tensors
+            .into_iter()
+            .map(validate_entry)
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::from_entries(tensors, raw.metadata)
+    }
+
+    /// Assembles a manifest from entries, checking uniqueness and quantization links.
+    pub(crate) fn from_entries(
+        tensors: Vec<TensorEntry>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Self, StoreError> {
+        let mut index = HashMap::with_capacity(tensors.len());
+        let mut files: HashMap<&str, &str> = HashMap::with_capacity(tensors.len());
+        for (i, entry) in tensors.iter().enumerate() {
+            if index.insert(entry.name.clone(), i).is_some() {
+                return Err(StoreError::DuplicateName {
+                    tensor: entry.name.clone(),
+                });
+            }
+            if let Some(other) = files.insert(&entry.file, &entry.name) {
+                return Err(StoreError::DuplicateFile {
+                    tensor: entry.name.clone(),
+                    other: other.to_string(),
+                    file: entry.file.clone(),
+                });
+            }
+        }
+        let manifest = Self {
+            metadata,
+            tensors,
+            index,
+        };
+        for entry in &manifest.tensors {
+            if let Some(link) = &entry.quant {
+                manifest.check_quant_link(entry, link)?;
+            }
+        }
+        Ok(manifest)
+    }
+
+    fn check_quant_link(&self, entry: &TensorEntry, link: &QuantLink) -> Result<(), StoreError> {
+        let bad = |reason| StoreError::BadQuantLink {
+            tensor: entry.name.clone(),
+            scale: link.scale.clone(),
+            reason,
+        };
+        if link.scheme != Q8_ROW_F16 {
+            return Err(bad("unknown quantization scheme"));
+        }
+        if entry.dtype != DType::I8 || entry.shape.len() != 2 {
+            return Err(bad("a q8 weight must be a 2-D i8 tensor"));
+        }
+        let scale = self.get(&link.scale).ok_or_else(|| bad("no such tensor"))?;
+        if scale.name == entry.name {
+            return Err(bad("a tensor cannot be its own scale"));
+        }
+        if scale.dtype != DType::F16 || scale.shape != [entry.shape[0]] {
+            return Err(bad("scales must be f16 with one value per output row"));
+        }
+        Ok(())
+    }
+
+    /// All entries, in manifest order.
+    pub fn tensors(&self) -> &[TensorEntry] {
+        &self.tensors
+    }
+
+    /// The entry named `name`.
+    pub fn get(&self, name: &str) -> Option<&TensorEntry> {
+        self.index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// Free-form string metadata (model configuration, provenance).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// Sum of logical tensor bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len).sum()
+    }
+
+    /// Serializes to pretty JSON.
+    pub fn to_json(&self) -> String {
+        let raw = RawManifest {
+            format: FORMAT.to_string(),
+            version: FORMAT_VERSION,
+            alignment: ALIGNMENT,
+            metadata: self.metadata.clone(),
+            tensors: self
+                .tensors
+                .iter()
+                .map(|t| RawEntry {
+                    name: t.name.clone(),
+                    dtype: t.dtype_name().to_string(),
+                    shape: t.shape.iter().map(|&d| d as u64).collect(),
+                    file: t.file.clone(),
+                    len: t.len,
+                    xxh3: format!("{:016x}", t.xxh3),
+                    param_id: t.param_id,
+                    quant: t.quant.clone(),
+                })
+                .collect(),
+        };
+        serde_json::to_string_pretty(&raw).expect("manifest types always serialize")
+    }
+
+    /// Full path of an entry's file inside `dir`.
+    pub fn file_path(dir: &Path, entry: &TensorEntry) -> PathBuf {
+        dir.join(&entry.file)
+    }
+}
+
+fn shape_bytes(shape: &[u64], dtype: DType) -> ExpectedLen {
+    shape
+        .iter()
+        .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+        .map_or(ExpectedLen::Overflow, ExpectedLen::Bytes)
+}
+
+fn validate_entry(raw: RawEntry) -> Result<TensorEntry, StoreError> {
+    validate_name(&raw.name)?;
+    validate_file_name(&raw.name, &raw.file)?;
+    let dtype = parse_dtype(&raw.dtype).ok_or_else(|| StoreError::UnknownDType {
+        tensor: raw.name.clone(),
+        file: raw.file.clone(),
+        dtype: raw.dtype.clone(),
+    })?;
+    let mismatch = |expected| StoreError::LengthMismatch {
+        tensor: raw.name.clone(),
+        file: raw.file.clone(),
+        len: raw.len,
+        shape: raw.shape.clone(),
+        dtype: raw.dtype.clone(),
+        expected,
+    };
+    if raw.shape.len() > MAX_RANK {
+        return Err(mismatch(ExpectedLen::Overflow));
+    }
+    let expected = shape_bytes(&raw.shape, dtype);
+    if expected != ExpectedLen::Bytes(raw.len) {
+        return Err(mismatch(expected));
+    }
+    let shape = raw
+        .shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| mismatch(ExpectedLen::Overflow))?;
+    let padded = padded_len(raw.len)
+        .filter(|&p| usize::try_from(p).is_ok())
+        .ok_or_else(|| mismatch(ExpectedLen::Overflow))?;
+    let xxh3 = parse_hex64(&raw.xxh3).ok_or_else(|| StoreError::BadChecksum {
+        tensor: raw.name.clone(),
+        file: raw.file.clone(),
+        found: raw.xxh3.clone(),
+    })?;
+    Ok(TensorEntry {
+        name: raw.name,
+        dtype,
+        shape,
+        file: raw.file,
+        len: raw.len,
+        padded_len: padded,
+        xxh3,
+        param_id: raw.param_id,
+        quant: raw.quant,
+    })
+}
+
+fn parse_hex64(s: &str) -> Option<u64> {
+    if s.len() != 16 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
+fn validate_name(name: &str) -> Result<(), StoreError> {
+    let bad = |reason| StoreError::InvalidName {
+        tensor: name.escape_debug().to_string(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(bad("longer than MAX_NAME_BYTES"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(bad("contains control characters"));
+    }
+    Ok(())
+}
+
+/// A file name must name a regular file directly inside the store directory: no separators,
+/// no `.`/`..`, no NUL, and not the manifest itself.
+fn validate_file_name(tensor: &str, file: &str) -> Result<(), StoreError> {
+    let bad = |reason| StoreError::UnsafeFileName {
+        tensor: tensor.to_string(),
+        file: file.escape_debug().to_string(),
+        reason,
+    };
+    if file.is_empty() {
+        return Err(bad("empty"));
+    }
+    if file.len() > MAX_FILE_NAME_BYTES {
+        return Err(bad("too long"));
+    }
+    if file == "." || file == ".." {
+        return Err(bad("names a directory"));
+    }
+    if file.contains(['/', '\\', '\0']) {
+        return Err(bad("contains a path separator or NUL"));
+    }
+    if file.chars().any(char::is_control) {
+        return Err(bad("contains control characters"));
+    }
+    if file == MANIFEST_FILE {
+        return Err(bad("is the manifest"));
+    }
+    Ok(())
+}
+
+/// The file name the writer gives tensor number `index`: readable, unique, always valid.
+pub(crate) fn file_name_for(index: usize, name: &str) -> String {
+    let mut stem: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(200)
+        .collect();
+    stem = stem.trim_matches('.').to_string();
+    format!("{index:05}-{stem}.tensor")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_file_names_are_always_valid() {
+        for (i, name) in ["a.b", "../../etc/passwd", "/abs", "x\\y", "..", "ü.ß", ""]
+            .iter()
+            .enumerate()
+        {
+            let file = file_name_for(i, name);
+            validate_file_name(name, &file).unwrap();
+        }
+    }
+}

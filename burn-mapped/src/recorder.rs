@@ -1,0 +1,113 @@
+//! [`MappedRecorder`]: writes a store from any Burn module, and loads one back as a
+//! [`ModuleRecord`] whose tensors are the store's mapped pages.
+
+use std::path::Path;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::store::ModuleRecord;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+use crate::error::StoreError;
+use crate::image;
+use crate::manifest::Manifest;
+use crate::writer::{StoreWriter, TensorSpec};
+
+/// Records modules to stores and loads stores as records.
+///
+/// ```no_run
+/// # use burn_mapped::MappedRecorder;
+/// # fn demo<M: burn::module::Module>(module: M, dir: &std::path::Path) -> Result<M, burn_mapped::StoreError> {
+/// MappedRecorder::default().record(&module, dir)?;
+/// let record = MappedRecorder::default().load(dir)?;
+/// Ok(module.load_record(record))
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MappedRecorder {
+    _private: (),
+}
+
+impl MappedRecorder {
+    /// Writes every parameter of `module` (in its saved form, e.g. a `Col`-layout `Linear`
+    /// weight as `[out, in]`) into a new store at `dir`, atomically.
+    pub fn record<M: Module>(&self, module: &M, dir: impl AsRef<Path>) -> Result<Manifest, StoreError> {
+        let mut writer = StoreWriter::create(dir)?;
+        let mut collector = Collector {
+            path: Vec::new(),
+            writer: &mut writer,
+            error: None,
+        };
+        module.visit(&mut collector);
+        if let Some(err) = collector.error {
+            return Err(err);
+        }
+        writer.finish()
+    }
+
+    /// Loads the store at `dir` as a [`ModuleRecord`] without copying tensor bytes.
+    ///
+    /// The record's tensors are windows into one read-only image in which every tensor file is
+    /// mapped shared (see the crate docs). `module.load_record(record)` then adopts the pages:
+    /// on Flex the parameters' storage *is* the page cache. Burn's reader wraps the image in its
+    /// own shared controller, so a write on this route copies the tensor first (never touching
+    /// the file); for writes that fail loudly instead, load through [`crate::MappedStore`] in
+    /// strict mode.
+    pub fn load(&self, dir: impl AsRef<Path>) -> Result<ModuleRecord, StoreError> {
+        let dir = dir.as_ref();
+        let manifest = Manifest::read(dir)?;
+        let image = image::build(dir, &manifest)?;
+        let shared = bytes::Bytes::from_owner(ImageOwner(image));
+        let bytes = burn::tensor::Bytes::from_shared(shared, burn::tensor::AllocationProperty::File);
+        ModuleRecord::from_bytes(bytes).map_err(|e| StoreError::Record(e.to_string()))
+    }
+}
+
+struct ImageOwner(std::sync::Arc<image::Image>);
+
+impl AsRef<[u8]> for ImageOwner {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref().as_ref()
+    }
+}
+
+struct Collector<'a> {
+    path: Vec<String>,
+    writer: &'a mut StoreWriter,
+    error: Option<StoreError>,
+}
+
+impl Collector<'_> {
+    fn add(&mut self, id: u64, data: impl FnOnce() -> TensorData) {
+        if self.error.is_some() {
+            return;
+        }
+        let name = self.path.join(".");
+        let data = data();
+        let spec = TensorSpec::new(name, data.dtype(), data.shape().to_vec()).param_id(id);
+        if let Err(err) = self.writer.add(spec, data.as_bytes()) {
+            self.error = Some(err);
+        }
+    }
+}
+
+impl ModuleVisitor for Collector<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.add(param.id.val(), || param.transform_for_save().val().into_data());
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+        self.add(param.id.val(), || param.transform_for_save().val().into_data());
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
+        self.add(param.id.val(), || param.transform_for_save().val().into_data());
+    }
+}

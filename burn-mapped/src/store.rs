@@ -1,0 +1,213 @@
+//! [`MappedStore`]: an open store whose tensor files are all mapped, ready to adopt.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use burn::tensor::TensorData;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::error::StoreError;
+use crate::manifest::{Manifest, TensorEntry};
+use crate::map::{MapOwner, MappedFile};
+use crate::readonly::{MappedController, StrictMode};
+
+/// Options for opening a store.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenOptions {
+    strict: StrictMode,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            strict: StrictMode::from_env(),
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Refuse (rather than copy-on-write) any mutable access to mapped bytes. Defaults to the
+    /// `BURN_MAPPED_STRICT` environment variable.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = if strict {
+            StrictMode::Strict
+        } else {
+            StrictMode::CopyOnWrite
+        };
+        self
+    }
+
+    /// Opens the store at `dir`.
+    pub fn open(self, dir: impl AsRef<Path>) -> Result<MappedStore, StoreError> {
+        MappedStore::open_with(dir.as_ref(), self)
+    }
+}
+
+/// An open store: a validated manifest and one read-only shared mapping per tensor file.
+///
+/// Opening checks every file (presence, type, size) before mapping any, and maps without
+/// reading: no tensor byte is touched until a kernel reads it.
+#[derive(Debug)]
+pub struct MappedStore {
+    dir: PathBuf,
+    manifest: Manifest,
+    files: Vec<Arc<MappedFile>>,
+    strict: StrictMode,
+    // Burn-store wants references into a map it owns; built on first use.
+    pack_cache: Option<BTreeMap<String, burn::store::burn_pack::Tensor>>,
+}
+
+impl MappedStore {
+    /// Opens the store at `dir` with default options.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        OpenOptions::default().open(dir)
+    }
+
+    /// Options builder.
+    pub fn options() -> OpenOptions {
+        OpenOptions::default()
+    }
+
+    fn open_with(dir: &Path, options: OpenOptions) -> Result<Self, StoreError> {
+        let manifest = Manifest::read(dir)?;
+        // Check every file before mapping any, so a bad store fails whole and early.
+        for entry in manifest.tensors() {
+            drop(crate::map::open_checked(dir, entry)?);
+        }
+        let files = manifest
+            .tensors()
+            .iter()
+            .map(|entry| MappedFile::open(dir, entry).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifest,
+            files,
+            strict: options.strict,
+            pack_cache: None,
+        })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The validated manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Whether mutable access to mapped bytes is refused.
+    pub fn strict(&self) -> StrictMode {
+        self.strict
+    }
+
+    fn index(&self, name: &str) -> Result<usize, StoreError> {
+        self.manifest
+            .tensors()
+            .iter()
+            .position(|t| t.name() == name)
+            .ok_or_else(|| StoreError::TensorNotFound {
+                tensor: name.to_string(),
+                dir: self.dir.clone(),
+            })
+    }
+
+    /// The mapping of one tensor.
+    pub fn mapped(&self, name: &str) -> Result<&Arc<MappedFile>, StoreError> {
+        Ok(&self.files[self.index(name)?])
+    }
+
+    /// Every entry with its mapping, in manifest order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TensorEntry, &Arc<MappedFile>)> {
+        self.manifest.tensors().iter().zip(&self.files)
+    }
+
+    /// Burn [`TensorData`] whose bytes are the file's mapped pages (no copy).
+    ///
+    /// A Burn CPU backend that keeps host bytes as storage (Flex) adopts them as they are; a
+    /// GPU backend's `from_data` copies them once into device memory (the resident placement).
+    pub fn tensor_data(&self, name: &str) -> Result<TensorData, StoreError> {
+        let i = self.index(name)?;
+        Ok(self.data_at(i))
+    }
+
+    fn data_at(&self, i: usize) -> TensorData {
+        let entry = &self.manifest.tensors()[i];
+        TensorData::from_bytes(
+            self.burn_bytes(&self.files[i]),
+            entry.shape().to_vec(),
+            entry.dtype(),
+        )
+    }
+
+    pub(crate) fn burn_bytes(&self, file: &Arc<MappedFile>) -> burn::tensor::Bytes {
+        let shared = bytes::Bytes::from_owner(MapOwner(Arc::clone(file)));
+        MappedController::new(shared, file.name_arc(), self.strict).into_burn_bytes()
+    }
+
+    /// Explicit request for write access to a tensor's bytes: always refused.
+    ///
+    /// Exists so that code holding a store can ask, and get a typed answer, instead of
+    /// reaching for the pages through a raw pointer (which would fault: they are `PROT_READ`).
+    pub fn bytes_mut(&mut self, name: &str) -> Result<&mut [u8], StoreError> {
+        self.index(name)?;
+        Err(StoreError::ReadOnly {
+            tensor: name.to_string(),
+        })
+    }
+
+    /// Re-hashes every tensor file; returns every problem found (empty when the store is
+    /// intact). Checks the logical bytes against the manifest's xxh3 and that the padding is
+    /// zero.
+    pub fn verify(&self) -> Vec<StoreError> {
+        self.iter()
+            .filter_map(|(entry, file)| verify_one(entry, file).err())
+            .collect()
+    }
+
+    pub(crate) fn pack_tensors(&mut self) -> &BTreeMap<String, burn::store::burn_pack::Tensor> {
+        if self.pack_cache.is_none() {
+            let map = (0..self.files.len())
+                .map(|i| {
+                    let entry = &self.manifest.tensors()[i];
+                    let tensor = burn::store::burn_pack::Tensor::new(
+                        entry.name().to_string(),
+                        entry.dtype(),
+                        entry.shape().to_vec(),
+                        entry.param_id(),
+                        self.burn_bytes(&self.files[i]),
+                    );
+                    (entry.name().to_string(), tensor)
+                })
+                .collect();
+            self.pack_cache = Some(map);
+        }
+        self.pack_cache.as_ref().expect("filled above")
+    }
+}
+
+/// Hashes one mapped file and checks its padding.
+pub(crate) fn verify_one(entry: &TensorEntry, file: &MappedFile) -> Result<(), StoreError> {
+    let actual = xxh3_64(file.bytes());
+    if actual != entry.xxh3() {
+        return Err(StoreError::ChecksumMismatch {
+            tensor: entry.name().to_string(),
+            file: file.path().to_path_buf(),
+            expected: entry.xxh3(),
+            actual,
+        });
+    }
+    if file.padded_bytes()[file.bytes().len()..]
+        .iter()
+        .any(|&b| b != 0)
+    {
+        return Err(StoreError::DirtyPadding {
+            tensor: entry.name().to_string(),
+            file: file.path().to_path_buf(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! A store written from a module loads back with no copy, through both routes, and computes
+//! exactly what the original module computed.
+
+mod common;
+
+use burn::module::Module;
+use burn::store::ModuleSnapshot;
+use burn::tensor::Device;
+use burn_mapped::{MappedRecorder, MappedStore, Manifest};
+use common::*;
+
+fn assert_adopted(net: &Net, dir: &std::path::Path) {
+    let manifest = Manifest::read(dir).unwrap();
+    let storage = float_param_storage(net);
+    assert_eq!(storage.len(), 6, "embed, col weight+bias, row weight+bias, gain");
+    for (path, range) in storage {
+        let entry = manifest.get(&path).unwrap_or_else(|| panic!("{path} not in store"));
+        let mappings = mapped_ranges(&dir.join(entry.file()));
+        assert!(
+            mappings
+                .iter()
+                .any(|m| m.start <= range.start && range.end <= m.end),
+            "{path}: storage {range:x?} is not inside a mapping of its file {mappings:x?}"
+        );
+        assert_eq!(range.start % burn_mapped::page_size(), 0, "{path} not page aligned");
+    }
+}
+
+#[test]
+fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
+    let device = Device::default();
+    let original = Net::init(&device);
+    let expected = original.forward(tokens(&device)).into_data();
+
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    MappedRecorder::default().record(&original, &dir).unwrap();
+
+    let fresh = Net::init(&device);
+    assert!(!fresh.col.weight.is_initialized(), "init must be lazy");
+    let record = MappedRecorder::default().load(&dir).unwrap();
+    let loaded = fresh.load_record(record);
+
+    assert_adopted(&loaded, &dir);
+    let got = loaded.forward(tokens(&device)).into_data();
+    assert_eq!(got.as_bytes(), expected.as_bytes(), "forward must be bitwise equal");
+}
+
+#[test]
+fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
+    let device = Device::default();
+    let original = Net::init(&device);
+    let expected = original.forward(tokens(&device)).into_data();
+
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    MappedRecorder::default().record(&original, &dir).unwrap();
+
+    let mut loaded = Net::init(&device);
+    let mut store = MappedStore::open(&dir).unwrap();
+    let result = loaded.load_from(&mut store).unwrap();
+    assert_eq!(result.applied.len(), 6);
+
+    assert_adopted(&loaded, &dir);
+    let got = loaded.forward(tokens(&device)).into_data();
+    assert_eq!(got.as_bytes(), expected.as_bytes(), "forward must be bitwise equal");
+}
+
+#[test]
+fn adopted_tensor_data_is_the_mapping_and_survives_the_store() {
+    let device = Device::default();
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    MappedRecorder::default()
+        .record(&Net::init(&device), &dir)
+        .unwrap();
+    let store = MappedStore::open(&dir).unwrap();
+    let data = store.tensor_data("row.weight").unwrap();
+    let mapping = store.mapped("row.weight").unwrap().address_range();
+    let ptr = data.as_bytes().as_ptr() as usize;
+    assert!(mapping.contains(&ptr));
+    let expected = data.as_bytes().to_vec();
+    drop(store);
+    // The tensor keeps its own reference to the mapping.
+    assert_eq!(data.as_bytes(), &expected[..]);
+}
+
+#[test]
+fn rewriting_a_store_leaves_live_mappings_on_the_old_bytes() {
+    let device = Device::default();
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    let first = Net::init(&device);
+    MappedRecorder::default().record(&first, &dir).unwrap();
+    let old = MappedStore::open(&dir).unwrap();
+    let before = old.tensor_data("row.weight").unwrap().as_bytes().to_vec();
+
+    let second = Net::init(&device);
+    MappedRecorder::default().record(&second, &dir).unwrap();
+
+    assert_eq!(old.tensor_data("row.weight").unwrap().as_bytes(), &before[..]);
+    let new = MappedStore::open(&dir).unwrap();
+    assert_ne!(new.tensor_data("row.weight").unwrap().as_bytes(), &before[..]);
+    assert!(new.verify().is_empty());
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert_eq!(leftovers.len(), 1, "no temporary directories left behind");
+}
