@@ -135,8 +135,8 @@ where
 {
     let prefix = format!("{key}=");
     stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
+        .split_whitespace()
+        .find_map(|token| token.strip_prefix(&prefix))
         .unwrap_or_else(|| panic!("no `{key}` in child output:\n{stdout}"))
         .trim()
         .parse()
