@@ -1,0 +1,14 @@
+//! Qwen2 / Qwen2.5 decoder-only language model (Hugging Face `Qwen2ForCausalLM`).
+
+mod cache;
+mod config;
+mod model;
+mod rope;
+mod sampling;
+
+pub use cache::KvCache;
+pub use config::{ConfigError, Qwen2Config};
+pub use model::{
+    Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
+};
+pub use sampling::{GenerateError, Sampler, Sampling, SamplingError, argmax};

@@ -1,0 +1,425 @@
+//! The Qwen2 decoder.
+//!
+//! Field names are chosen so Burn's module paths are the Hugging Face tensor names
+//! (`model.layers.0.self_attn.q_proj.weight`, `lm_head.weight`, ...): a record written from
+//! HF safetensors loads with no key remapping. Every `Linear` uses
+//! [`LinearLayout::Col`], so its stored parameter is `[out, in]` like the HF / GGUF tensor
+//! and the `[in, out]` view the matmul wants is a zero-copy transpose.
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig, LinearLayout};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use super::cache::KvCache;
+use super::config::{ConfigError, Qwen2Config};
+use super::rope::RopeTables;
+
+/// Qwen2 decoder with its language-model head.
+#[derive(Module, Debug)]
+pub struct Qwen2ForCausalLM {
+    pub model: Qwen2Model,
+    /// Absent when the config ties the head to `model.embed_tokens`.
+    pub lm_head: Option<Linear>,
+}
+
+/// Embedding, decoder layers and final norm (HF `Qwen2Model`).
+#[derive(Module, Debug)]
+pub struct Qwen2Model {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    rope_theta: f64,
+}
+
+/// One pre-norm transformer block.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    pub input_layernorm: RmsNorm,
+    pub post_attention_layernorm: RmsNorm,
+}
+
+/// Grouped-query self-attention; q/k/v have biases, the output projection has none.
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+/// RMS normalization with its scale named `weight` (burn-nn's `RmsNorm` calls it `gamma`,
+/// which would not match the HF tensor name).
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    pub weight: Param<Tensor<1>>,
+    eps: f64,
+}
+
+/// Why a forward pass was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("input has no tokens (shape [{batch}, {seq}])")]
+    EmptyInput { batch: usize, seq: usize },
+    #[error("input batch {found} does not match the cache's batch {expected}")]
+    BatchMismatch { expected: usize, found: usize },
+    #[error("cache holds {cached} positions of {capacity}; {requested} more do not fit")]
+    CacheFull {
+        cached: usize,
+        requested: usize,
+        capacity: usize,
+    },
+    #[error("cache was made for {cache_layers} layers, the model has {model_layers}")]
+    CacheLayerMismatch {
+        cache_layers: usize,
+        model_layers: usize,
+    },
+    #[error("token id {token} at [{batch}, {position}] is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange {
+        token: i64,
+        batch: usize,
+        position: usize,
+        vocab_size: usize,
+    },
+    #[error("cannot read the token ids back from the device: {0}")]
+    ReadTokens(String),
+}
+
+impl Qwen2Config {
+    /// Build the model. Parameters are lazy: no initializer runs unless a parameter is read
+    /// before a record is loaded over it.
+    ///
+    /// # Panics
+    ///
+    /// If [`validate`](Self::validate) fails; use [`try_init`](Self::try_init) to get the
+    /// error instead.
+    pub fn init(&self, device: &Device) -> Qwen2ForCausalLM {
+        self.try_init(device)
+            .unwrap_or_else(|e| panic!("invalid Qwen2Config: {e}"))
+    }
+
+    /// Build the model after validating the config.
+    pub fn try_init(&self, device: &Device) -> Result<Qwen2ForCausalLM, ConfigError> {
+        self.validate()?;
+        let linear = |d_in: usize, d_out: usize, bias: bool| {
+            LinearConfig::new(d_in, d_out)
+                .with_bias(bias)
+                .with_layout(LinearLayout::Col)
+                .init(device)
+        };
+        let norm = |d: usize| RmsNorm {
+            weight: Initializer::Ones.init([d], device),
+            eps: self.rms_norm_eps,
+        };
+        let (h, kv, d) = (
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+        );
+        let layers = (0..self.num_hidden_layers)
+            .map(|_| DecoderLayer {
+                self_attn: Attention {
+                    q_proj: linear(self.hidden_size, h * d, true),
+                    k_proj: linear(self.hidden_size, kv * d, true),
+                    v_proj: linear(self.hidden_size, kv * d, true),
+                    o_proj: linear(h * d, self.hidden_size, false),
+                    num_heads: h,
+                    num_kv_heads: kv,
+                    head_dim: d,
+                },
+                mlp: Mlp {
+                    gate_proj: linear(self.hidden_size, self.intermediate_size, false),
+                    up_proj: linear(self.hidden_size, self.intermediate_size, false),
+                    down_proj: linear(self.intermediate_size, self.hidden_size, false),
+                },
+                input_layernorm: norm(self.hidden_size),
+                post_attention_layernorm: norm(self.hidden_size),
+            })
+            .collect();
+        Ok(Qwen2ForCausalLM {
+            model: Qwen2Model {
+                embed_tokens: EmbeddingConfig::new(self.vocab_size, self.hidden_size).init(device),
+                layers,
+                norm: norm(self.hidden_size),
+                rope_theta: self.rope_theta,
+            },
+            lm_head: (!self.tie_word_embeddings)
+                .then(|| linear(self.hidden_size, self.vocab_size, false)),
+        })
+    }
+}
+
+impl Qwen2ForCausalLM {
+    /// A cache for `batch` sequences of up to `capacity` positions.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache {
+        KvCache::new(self.model.layers.len(), batch, capacity)
+    }
+
+    /// Vocabulary size (rows of the embedding).
+    pub fn vocab_size(&self) -> usize {
+        self.model.embed_tokens.weight.lazy_shape().dims::<2>()[0]
+    }
+
+    /// Logits `[batch, seq, vocab]` for every input position. `tokens` (`[batch, seq]`)
+    /// continue the sequences held in `cache`, which advances by `seq`.
+    pub fn forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>, ForwardError> {
+        let hidden = self.model.forward(tokens, cache)?;
+        Ok(self.head(hidden))
+    }
+
+    /// Logits `[batch, vocab]` of the last input position only: what decoding needs, without
+    /// projecting every prompt position onto the vocabulary.
+    pub fn forward_last(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<2>, ForwardError> {
+        let hidden = self.model.forward(tokens, cache)?;
+        let [batch, seq, _] = hidden.dims();
+        let logits = self.head(hidden.narrow(1, seq - 1, 1));
+        let vocab = logits.dims()[2];
+        Ok(logits.reshape([batch, vocab]))
+    }
+
+    fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            // `[vocab, hidden]` transposed is a view; no copy of the embedding.
+            None => burn::tensor::module::linear(
+                hidden,
+                self.model.embed_tokens.weight.val().transpose(),
+                None,
+            ),
+        }
+    }
+}
+
+impl Qwen2Model {
+    /// Final-normed hidden states `[batch, seq, hidden]`.
+    pub fn forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<3>, ForwardError> {
+        let [_, seq] = tokens.dims();
+        self.check_input(&tokens, cache)?;
+        let start = cache.len();
+        let device = tokens.device();
+
+        let mut x = self.embed_tokens.forward(tokens);
+        let rope = RopeTables::new(
+            self.rope_theta,
+            self.layers[0].self_attn.head_dim,
+            start,
+            seq,
+            x.dtype(),
+            &device,
+        );
+        // One query sees every cached key; only a multi-token chunk needs a causal mask.
+        let mask = (seq > 1).then(|| causal_mask(start, seq, x.dtype(), &device));
+        for (index, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(x, &rope, mask.as_ref(), cache, index);
+        }
+        cache.advance(seq);
+        Ok(self.norm.forward(x))
+    }
+
+    fn check_input(&self, tokens: &Tensor<2, Int>, cache: &KvCache) -> Result<(), ForwardError> {
+        let [batch, seq] = tokens.dims();
+        if batch == 0 || seq == 0 {
+            return Err(ForwardError::EmptyInput { batch, seq });
+        }
+        if cache.num_layers() != self.layers.len() {
+            return Err(ForwardError::CacheLayerMismatch {
+                cache_layers: cache.num_layers(),
+                model_layers: self.layers.len(),
+            });
+        }
+        if batch != cache.batch() {
+            return Err(ForwardError::BatchMismatch {
+                expected: cache.batch(),
+                found: batch,
+            });
+        }
+        if cache.len() + seq > cache.capacity() {
+            return Err(ForwardError::CacheFull {
+                cached: cache.len(),
+                requested: seq,
+                capacity: cache.capacity(),
+            });
+        }
+        // The embedding lookup does not bound-check ids, so check them here: a few
+        // integers read back per call.
+        let ids = tokens
+            .clone()
+            .try_into_vec_as::<i64>()
+            .map_err(|e| ForwardError::ReadTokens(e.to_string()))?;
+        let vocab_size = self.embed_tokens.weight.lazy_shape().dims::<2>()[0];
+        if let Some((i, &token)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t < 0 || t as u64 >= vocab_size as u64)
+        {
+            return Err(ForwardError::TokenOutOfRange {
+                token,
+                batch: i / seq,
+                position: cache.len() + i % seq,
+                vocab_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Additive mask `[1, 1, 1, seq, start + seq]`: query `i` (absolute position `start + i`)
+/// may see keys `0..=start + i`.
+fn causal_mask(start: usize, seq: usize, dtype: DType, device: &Device) -> Tensor<5> {
+    let total = start + seq;
+    let values: Vec<f32> = (0..seq)
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                if j > start + i {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    let mask = Tensor::<5>::from_data(
+        TensorData::new(values, [1, 1, 1, seq, total]),
+        (device, DType::F32),
+    );
+    if dtype == DType::F32 {
+        mask
+    } else {
+        mask.cast(dtype)
+    }
+}
+
+impl DecoderLayer {
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        rope: &RopeTables,
+        mask: Option<&Tensor<5>>,
+        cache: &mut KvCache,
+        index: usize,
+    ) -> Tensor<3> {
+        let h = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), rope, mask, cache, index);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        rope: &RopeTables,
+        mask: Option<&Tensor<5>>,
+        cache: &mut KvCache,
+        index: usize,
+    ) -> Tensor<3> {
+        let [batch, seq, _] = x.dims();
+        let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let rep = heads / kv_heads;
+
+        let q = self
+            .q_proj
+            .forward(x.clone())
+            .reshape([batch, seq, heads, d]);
+        let k = self
+            .k_proj
+            .forward(x.clone())
+            .reshape([batch, seq, kv_heads, d]);
+        let v = self.v_proj.forward(x).reshape([batch, seq, kv_heads, d]);
+        let q = rope.apply(q);
+        let k = rope.apply(k);
+
+        // [batch, kv_heads, cached + seq, d]
+        let (k_all, v_all) = cache.append(index, k.swap_dims(1, 2), v.swap_dims(1, 2));
+        let total = k_all.dims()[2];
+
+        // Query head `g * rep + r` uses key/value head `g` (HF `repeat_kv`). Instead of
+        // repeating K and V `rep` times, fold the `rep` query heads of a group into the row
+        // axis, so one [rep * seq, d] x [d, total] product per group reads the cache once.
+        let q = q
+            .reshape([batch, seq, kv_heads, rep, d])
+            .permute([0, 2, 3, 1, 4])
+            .reshape([batch, kv_heads, rep * seq, d]);
+        let scores = q
+            .matmul(k_all.swap_dims(2, 3))
+            .mul_scalar(1.0 / (d as f64).sqrt());
+        let scores = match mask {
+            Some(mask) => (scores.reshape([batch, kv_heads, rep, seq, total]) + mask.clone())
+                .reshape([batch, kv_heads, rep * seq, total]),
+            None => scores,
+        };
+        // Softmax in f32 whatever the weights' dtype, as transformers does.
+        let dtype = scores.dtype();
+        let probs = if dtype == DType::F32 {
+            softmax(scores, 3)
+        } else {
+            softmax(scores.cast(DType::F32), 3).cast(dtype)
+        };
+        let out = probs
+            .matmul(v_all)
+            .reshape([batch, kv_heads, rep, seq, d])
+            .permute([0, 3, 1, 2, 4])
+            .reshape([batch, seq, heads * d]);
+        self.o_proj.forward(out)
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+impl RmsNorm {
+    /// `weight * (x / sqrt(mean(x^2) + eps))`, the statistics in f32 (HF `Qwen2RMSNorm`).
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dtype = x.dtype();
+        let x32 = if dtype == DType::F32 {
+            x
+        } else {
+            x.cast(DType::F32)
+        };
+        let inv_rms = x32
+            .clone()
+            .square()
+            .mean_dim(D - 1)
+            .add_scalar(self.eps)
+            .sqrt()
+            .recip();
+        let normed = x32 * inv_rms;
+        let normed = if dtype == DType::F32 {
+            normed
+        } else {
+            normed.cast(dtype)
+        };
+        normed * self.weight.val().unsqueeze()
+    }
+}
