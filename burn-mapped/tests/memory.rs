@@ -1,0 +1,214 @@
+//! Adoption measured from outside: anonymous memory does not grow by the weights' size when a
+//! large module is loaded (while Burn's copying loaders do, which shows the measurement can see
+//! a copy), and two processes mapping one store share its pages.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, LinearLayout};
+use burn::store::{ModuleSnapshot, SafetensorsStore};
+use burn::tensor::{DType, Device, Tensor};
+use burn_mapped::memstat::{file_mappings, rss_self};
+use burn_mapped::{MappedRecorder, MappedStore, StoreWriter, TensorSpec};
+use common::*;
+
+const LAYERS: usize = 33;
+const DIM: usize = 2048;
+const WEIGHT_BYTES: u64 = (LAYERS * DIM * DIM * 4) as u64; // 528 MiB
+
+#[derive(Module, Debug)]
+struct Big {
+    layers: Vec<Linear>,
+}
+
+impl Big {
+    fn init(device: &Device) -> Self {
+        let layers = (0..LAYERS)
+            .map(|_| {
+                LinearConfig::new(DIM, DIM)
+                    .with_bias(false)
+                    .with_layout(LinearLayout::Col)
+                    .init(device)
+            })
+            .collect();
+        Self { layers }
+    }
+
+    /// Reads every weight once.
+    fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
+        for layer in &self.layers {
+            x = layer.forward(x).tanh();
+        }
+        x
+    }
+}
+
+/// Writes the big store straight from a generator, so the test process never holds it.
+fn write_big_store(dir: &Path) {
+    let mut w = StoreWriter::create(dir).unwrap();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..LAYERS {
+        let spec = TensorSpec::new(format!("layers.{i}.weight"), DType::F32, [DIM, DIM]);
+        w.add_with(spec, |sink| {
+            let mut row = Vec::with_capacity(DIM * 4);
+            for _ in 0..DIM {
+                row.clear();
+                for _ in 0..DIM {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
+                    row.extend_from_slice(&v.to_le_bytes());
+                }
+                sink.write_all(&row)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn growth(out: &str, key: &str) -> f64 {
+    child_value::<u64>(out, key) as f64 / WEIGHT_BYTES as f64
+}
+
+#[test]
+fn loading_a_large_module_grows_anonymous_memory_by_under_two_percent() {
+    let tmp = tempdir();
+    let store = tmp.path().join("store");
+    write_big_store(&store);
+    // Burn's own formats, from the same weights, for the copying controls.
+    let bpk = tmp.path().join("big.bpk");
+    let st = tmp.path().join("big.safetensors");
+    {
+        let mut module = Big::init(&Device::default());
+        module.load_from(&mut MappedStore::open(&store).unwrap()).unwrap();
+        module.save_into(&mut SafetensorsStore::from_file(&st)).unwrap();
+        module.into_record().save(&bpk).unwrap();
+    }
+    let mut report = Vec::new();
+    for arm in ["recorder", "store", "load_file", "safetensors"] {
+        let out = run_child(
+            "child_loads_big_module",
+            &[
+                ("BM_ARM", arm),
+                ("BM_STORE", store.to_str().unwrap()),
+                ("BM_BPK", bpk.to_str().unwrap()),
+                ("BM_ST", st.to_str().unwrap()),
+            ],
+        );
+        let load = growth(&out, "anon_load");
+        let forward = growth(&out, "anon_forward");
+        println!(
+            "{arm:>12}: RssAnon +{:.3}% of weights after load, +{:.3}% after a forward pass; RssFile {} MiB",
+            load * 100.0,
+            forward * 100.0,
+            child_value::<u64>(&out, "file") >> 20
+        );
+        report.push((arm, load, forward));
+    }
+    for (arm, load, forward) in report {
+        match arm {
+            "recorder" | "store" => {
+                assert!(load < 0.02 && forward < 0.02, "{arm}: {load} / {forward}");
+            }
+            // The controls copy: if these did not grow, the measurement would be blind.
+            _ => assert!(forward > 0.5, "{arm} should copy the weights: {forward}"),
+        }
+    }
+}
+
+#[test]
+#[ignore = "child process of loading_a_large_module_grows_anonymous_memory_by_under_two_percent"]
+fn child_loads_big_module() {
+    let env = |k: &str| std::env::var(k).unwrap();
+    let device = Device::default();
+    let before = rss_self().unwrap().anon;
+    let module = Big::init(&device);
+    let module = match env("BM_ARM").as_str() {
+        "recorder" => module.load_record(MappedRecorder::default().load(env("BM_STORE")).unwrap()),
+        "store" => {
+            let mut module = module;
+            module
+                .load_from(&mut MappedStore::open(env("BM_STORE")).unwrap())
+                .unwrap();
+            module
+        }
+        "load_file" => module.load_file(env("BM_BPK")),
+        "safetensors" => {
+            let mut module = module;
+            module
+                .load_from(&mut SafetensorsStore::from_file(env("BM_ST")))
+                .unwrap();
+            module
+        }
+        other => panic!("unknown arm {other}"),
+    };
+    let after_load = rss_self().unwrap().anon;
+    let y = module.forward(Tensor::ones([1, DIM], &device)).into_data();
+    assert!(y.iter::<f32>().all(f32::is_finite));
+    let rss = rss_self().unwrap();
+    println!("anon_load={}", after_load.saturating_sub(before));
+    println!("anon_forward={}", rss.anon.saturating_sub(before));
+    println!("file={}", rss.file);
+}
+
+#[test]
+fn two_processes_mapping_one_store_share_its_pages() {
+    let device = Device::default();
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    MappedRecorder::default()
+        .record(&Net::init(&device), &dir)
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["child_maps_and_waits", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("BM_STORE", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let pid = loop {
+        let line = lines.next().expect("child exited early").unwrap();
+        if let Some(pid) = line.split_whitespace().find_map(|t| t.strip_prefix("ready=")) {
+            break pid.to_string();
+        }
+    };
+    let store = MappedStore::open(&dir).unwrap();
+    assert!(store.verify().is_empty()); // touches every page here too
+    let (entry, _) = store
+        .iter()
+        .find(|(e, _)| e.name() == "embed.weight")
+        .unwrap();
+    let file = dir.join(entry.file());
+    let padded = entry.padded_len();
+    for who in [pid.as_str(), "self"] {
+        let maps = file_mappings(who, &file).unwrap();
+        let shared: u64 = maps.iter().map(|m| m.shared_clean).sum();
+        let dirty: u64 = maps.iter().map(|m| m.dirty).sum();
+        assert!(maps.iter().all(|m| m.perms == "r--s"), "{who}: {maps:?}");
+        assert!(shared >= padded * 9 / 10, "{who}: Shared_Clean {shared} of {padded}");
+        assert_eq!(dirty, 0, "{who}: mapped pages must stay clean");
+    }
+    child.stdin.take().unwrap().write_all(b"done\n").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+#[ignore = "child process of two_processes_mapping_one_store_share_its_pages"]
+fn child_maps_and_waits() {
+    let store = MappedStore::open(std::env::var("BM_STORE").unwrap()).unwrap();
+    assert!(store.verify().is_empty());
+    println!("ready={}", std::process::id());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    drop(store);
+}
