@@ -2,12 +2,14 @@
 
 mod cache;
 mod config;
+mod gguf_names;
 mod model;
 mod rope;
 mod sampling;
 
 pub use cache::KvCache;
 pub use config::{ConfigError, Qwen2Config};
+pub use gguf_names::{config_from_gguf, hf_name};
 pub use model::{
     Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
 };
