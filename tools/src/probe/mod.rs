@@ -113,11 +113,11 @@ pub enum ProbeError {
     NoFiles,
     #[error("the {count} files to probe hold 0 bytes")]
     EmptyWorkingSet { count: usize },
-    #[error("cannot open {}: {source}", path.display())]
+    #[error("cannot open {}", path.display())]
     Open { path: PathBuf, source: io::Error },
-    #[error("cannot map {}: {source}", path.display())]
+    #[error("cannot map {}", path.display())]
     Map { path: PathBuf, source: io::Error },
-    #[error("mincore failed on the mapping of {}: {source}", path.display())]
+    #[error("mincore failed on the mapping of {}", path.display())]
     Residency { path: PathBuf, source: io::Error },
     #[error("probe setting `{field}` {problem}")]
     Config {
