@@ -226,34 +226,42 @@ mod tests {
 
     #[test]
     fn rejects_malformed_byte_counts() {
-        assert!(matches!(
-            parse_bytes("4G"),
-            Err(ByteSizeError::UnknownUnit { .. })
-        ));
-        assert!(matches!(
-            parse_bytes("GiB"),
-            Err(ByteSizeError::NotANumber { .. })
-        ));
-        assert!(matches!(
-            parse_bytes("1.2.3GB"),
-            Err(ByteSizeError::NotANumber { .. })
-        ));
-        assert!(matches!(
-            parse_bytes("1.5"),
-            Err(ByteSizeError::FractionalBytes { .. })
-        ));
-        assert!(matches!(
-            parse_bytes("16EiB"),
-            Err(ByteSizeError::UnknownUnit { .. })
-        ));
-        assert!(matches!(
-            parse_bytes("20000000TiB"),
-            Err(ByteSizeError::TooLarge { .. })
-        ));
-        assert!(matches!(
-            parse_bytes("-1"),
-            Err(ByteSizeError::NotANumber { .. })
-        ));
+        let text = |t: &str| t.to_owned();
+        let cases = [
+            (
+                "4G",
+                ByteSizeError::UnknownUnit {
+                    text: text("4G"),
+                    unit: text("G"),
+                },
+            ),
+            (
+                "16EiB",
+                ByteSizeError::UnknownUnit {
+                    text: text("16EiB"),
+                    unit: text("EiB"),
+                },
+            ),
+            ("GiB", ByteSizeError::NotANumber { text: text("GiB") }),
+            (
+                "1.2.3GB",
+                ByteSizeError::NotANumber {
+                    text: text("1.2.3GB"),
+                },
+            ),
+            ("-1", ByteSizeError::NotANumber { text: text("-1") }),
+            ("", ByteSizeError::NotANumber { text: text("") }),
+            ("1.5", ByteSizeError::FractionalBytes { text: text("1.5") }),
+            (
+                "20000000TiB",
+                ByteSizeError::TooLarge {
+                    text: text("20000000TiB"),
+                },
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(parse_bytes(input), Err(expected), "{input:?}");
+        }
     }
 
     #[test]
