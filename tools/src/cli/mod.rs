@@ -1,0 +1,4 @@
+//! Argument modules of the `burn-mapped` binary; each has an `Args` struct and a `run` function.
+
+pub mod probe;
+pub mod select;
