@@ -17,3 +17,4 @@
 //! ```
 
 pub mod qwen2;
+pub mod tokenizer;

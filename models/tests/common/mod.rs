@@ -1,6 +1,8 @@
 //! Fixture access shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod gguf_meta;
+
 use std::path::PathBuf;
 
 use burn::store::{ModuleStore, SafetensorsStore};
