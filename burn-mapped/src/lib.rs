@@ -51,6 +51,7 @@
 mod burn_store;
 mod dtype;
 mod error;
+pub mod gguf;
 mod image;
 mod layout;
 mod manifest;

@@ -3,5 +3,6 @@
 //! modules of the `burn-mapped` binary ([`cli`]).
 
 pub mod cli;
+pub mod fetch;
 pub mod probe;
 pub mod select;

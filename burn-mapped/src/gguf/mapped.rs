@@ -1,0 +1,116 @@
+//! A GGUF file mapped read-only into memory.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::error::GgufError;
+use super::reader::{GgufFile, TensorInfo};
+
+/// A GGUF file mapped read-only, parsed and validated.
+///
+/// # Hazard
+///
+/// The mapping shows the file as it is on disk. If another process truncates
+/// or rewrites the file while it is mapped, reads may fault (`SIGBUS`) or see
+/// changed bytes. Only map files that are not modified in place, such as the
+/// cache files `burn-mapped-tools` publishes by atomic rename.
+#[derive(Debug)]
+pub struct MappedGguf {
+    path: PathBuf,
+    map: Mmap,
+    gguf: GgufFile,
+}
+
+impl MappedGguf {
+    /// Maps `path` read-only and parses it.
+    ///
+    /// # Errors
+    ///
+    /// [`GgufError::Io`] when the file cannot be opened or mapped, or
+    /// [`GgufError::InFile`] wrapping the parse error.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let io = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| GgufError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let file = File::open(&path).map_err(io("open", &path))?;
+        let len = file.metadata().map_err(io("stat", &path))?.len();
+        let in_file = |source| GgufError::InFile {
+            path: path.clone(),
+            source: Box::new(source),
+        };
+        if usize::try_from(len).is_err() {
+            return Err(io("map", &path)(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!("{len} bytes do not fit in the address space"),
+            )));
+        }
+        if len == 0 {
+            // Mapping an empty file fails on some platforms; parsing the
+            // empty buffer yields the proper "truncated" error instead.
+            return Err(in_file(
+                GgufFile::parse(&[]).expect_err("an empty buffer is never a valid GGUF file"),
+            ));
+        }
+        // SAFETY: the map is read-only and owned by this struct, which hands
+        // out borrows tied to its lifetime only. The remaining hazard, the
+        // file changing on disk while mapped, is documented on the type.
+        let map = unsafe { Mmap::map(&file) }.map_err(io("map", &path))?;
+        if map.len() as u64 != len {
+            return Err(io("map", &path)(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "file changed size while mapping: {len} -> {} bytes",
+                    map.len()
+                ),
+            )));
+        }
+        let gguf = GgufFile::parse(&map).map_err(in_file)?;
+        Ok(MappedGguf { path, map, gguf })
+    }
+
+    /// The path the file was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The parsed header.
+    pub fn gguf(&self) -> &GgufFile {
+        &self.gguf
+    }
+
+    /// The whole mapped file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The bytes of `info`, borrowed from the mapping.
+    ///
+    /// # Errors
+    ///
+    /// [`GgufError::BufferMismatch`] when `info` comes from another file and
+    /// does not fit in this one.
+    pub fn tensor_data(&self, info: &TensorInfo) -> Result<&[u8], GgufError> {
+        self.gguf.tensor_bytes(&self.map, info)
+    }
+}
+
+impl GgufFile {
+    /// Maps `path` read-only and parses it; see [`MappedGguf`] for the
+    /// hazard of mapping.
+    ///
+    /// # Errors
+    ///
+    /// As [`MappedGguf::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<MappedGguf, GgufError> {
+        MappedGguf::open(path)
+    }
+}

@@ -1,0 +1,870 @@
+//! GGUF parsing: a file written by the Python `gguf` package, files built
+//! here byte by byte, and one rejection test per validation rule.
+
+use burn_mapped::gguf::{
+    Array, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEY_LEN,
+    MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS, MappedGguf, Value,
+    ValueType, dequantize_to_vec,
+};
+use serde_json::Value as Json;
+
+const TINY_GGUF: &[u8] = include_bytes!("fixtures/gguf/tiny.gguf");
+const TINY_JSON: &str = include_str!("fixtures/gguf/tiny.json");
+
+// ---------------------------------------------------------------------------
+// Byte-level builder. Writes exactly what the tests say, valid or not.
+
+const T_U8: u32 = 0;
+const T_U32: u32 = 4;
+const T_BOOL: u32 = 7;
+const T_STRING: u32 = 8;
+const T_ARRAY: u32 = 9;
+const T_U64: u32 = 10;
+
+const F32: u32 = 0;
+const F16: u32 = 1;
+const Q8_0: u32 = 8;
+
+fn le32(v: u32) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn le64(v: u64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// A GGUF string: u64 length, then the bytes.
+fn gstr(s: &[u8]) -> Vec<u8> {
+    [le64(s.len() as u64), s.to_vec()].concat()
+}
+
+#[derive(Clone)]
+struct Builder {
+    magic: [u8; 4],
+    version: u32,
+    n_kv: Option<u64>,
+    n_tensors: Option<u64>,
+    kv: Vec<Vec<u8>>,
+    infos: Vec<Vec<u8>>,
+    align: u64,
+    data: Vec<u8>,
+}
+
+impl Builder {
+    fn new() -> Self {
+        Builder {
+            magic: *b"GGUF",
+            version: 3,
+            n_kv: None,
+            n_tensors: None,
+            kv: Vec::new(),
+            infos: Vec::new(),
+            align: 32,
+            data: Vec::new(),
+        }
+    }
+
+    /// A metadata entry with an already-encoded value.
+    fn kv(mut self, key: &str, type_id: u32, value: Vec<u8>) -> Self {
+        self.kv
+            .push([gstr(key.as_bytes()), le32(type_id), value].concat());
+        self
+    }
+
+    fn kv_u32(self, key: &str, v: u32) -> Self {
+        self.kv(key, T_U32, le32(v))
+    }
+
+    fn kv_str(self, key: &str, s: &str) -> Self {
+        self.kv(key, T_STRING, gstr(s.as_bytes()))
+    }
+
+    /// A tensor-table entry; `offset` is relative to the data section.
+    fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, offset: u64) -> Self {
+        let mut b = gstr(name.as_bytes());
+        b.extend(le32(dims.len() as u32));
+        for &d in dims {
+            b.extend(le64(d));
+        }
+        b.extend(le32(type_id));
+        b.extend(le64(offset));
+        self.infos.push(b);
+        self
+    }
+
+    fn data(mut self, data: Vec<u8>) -> Self {
+        self.data = data;
+        self
+    }
+
+    /// Header, metadata and tensor table only, with no padding or data.
+    fn header_bytes(&self) -> Vec<u8> {
+        let mut out = self.magic.to_vec();
+        out.extend(le32(self.version));
+        out.extend(le64(self.n_tensors.unwrap_or(self.infos.len() as u64)));
+        out.extend(le64(self.n_kv.unwrap_or(self.kv.len() as u64)));
+        out.extend(self.kv.concat());
+        out.extend(self.infos.concat());
+        out
+    }
+
+    fn build(&self) -> Vec<u8> {
+        let mut out = self.header_bytes();
+        while out.len() as u64 % self.align != 0 {
+            out.push(0);
+        }
+        out.extend(&self.data);
+        out
+    }
+}
+
+/// A small valid file: an F32 vector and an F16 matrix.
+fn valid() -> Builder {
+    let f32s: Vec<u8> = [1.0f32, -2.0, 0.5, 3.25]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    // F16 1.0, -1.0, 0.5, 2.0, then zeros.
+    let mut f16s = vec![0x00, 0x3C, 0x00, 0xBC, 0x00, 0x38, 0x00, 0x40];
+    f16s.resize(16, 0);
+    let mut data = f32s;
+    data.resize(32, 0xEE); // padding between tensors
+    data.extend(f16s);
+    Builder::new()
+        .kv_str("general.architecture", "test")
+        .kv_u32("test.n", 7)
+        .tensor("vec", &[4], F32, 0)
+        .tensor("mat", &[4, 2], F16, 32)
+        .data(data)
+}
+
+fn parse_err(bytes: &[u8]) -> GgufError {
+    match GgufFile::parse(bytes) {
+        Ok(_) => panic!("parsed although invalid"),
+        Err(e) => e,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Valid files
+
+#[test]
+fn parses_a_file_built_in_code() {
+    let bytes = valid().build();
+    let gguf = GgufFile::parse(&bytes).unwrap();
+    assert_eq!(gguf.version(), 3);
+    assert_eq!(gguf.architecture().unwrap(), "test");
+    assert_eq!(gguf.get_u32("test.n").unwrap(), 7);
+    assert_eq!(gguf.alignment(), 32);
+    let header_len = valid().header_bytes().len() as u64;
+    assert_eq!(gguf.data_offset(), header_len.div_ceil(32) * 32);
+    assert_eq!(gguf.file_len(), bytes.len() as u64);
+
+    let vec = gguf.tensor("vec").unwrap();
+    assert_eq!(vec.ggml_type(), GgmlType::F32);
+    assert_eq!(vec.dims(), &[4]);
+    assert_eq!(vec.offset(), gguf.data_offset());
+    assert_eq!(vec.byte_len(), 16);
+    let data = gguf.tensor_bytes(&bytes, vec).unwrap();
+    assert_eq!(
+        dequantize_to_vec(vec.ggml_type(), data).unwrap(),
+        [1.0, -2.0, 0.5, 3.25]
+    );
+
+    let mat = gguf.tensor("mat").unwrap();
+    assert_eq!(mat.dims(), &[4, 2]);
+    assert_eq!(mat.shape_row_major(), [2, 4]);
+    assert_eq!(mat.n_elements(), 8);
+    assert_eq!(mat.offset(), gguf.data_offset() + 32);
+    assert_eq!(mat.byte_len(), 16);
+    let values = dequantize_to_vec(mat.ggml_type(), gguf.tensor_bytes(&bytes, mat).unwrap());
+    assert_eq!(values.unwrap(), [1.0, -1.0, 0.5, 2.0, 0.0, 0.0, 0.0, 0.0]);
+    let names: Vec<_> = gguf.tensors().iter().map(|t| t.name()).collect();
+    assert_eq!(names, ["vec", "mat"]);
+}
+
+#[test]
+fn accepts_version_2() {
+    let mut b = valid();
+    b.version = 2;
+    assert_eq!(GgufFile::parse(&b.build()).unwrap().version(), 2);
+}
+
+#[test]
+fn honours_a_custom_alignment() {
+    let mut b = Builder::new()
+        .kv_u32("general.alignment", 64)
+        .tensor("a", &[4], F32, 0)
+        .tensor("b", &[4], F32, 64)
+        .data(vec![0; 80]);
+    b.align = 64;
+    let bytes = b.build();
+    let gguf = GgufFile::parse(&bytes).unwrap();
+    assert_eq!(gguf.alignment(), 64);
+    assert_eq!(gguf.data_offset() % 64, 0);
+    assert_eq!(gguf.tensor("b").unwrap().offset(), gguf.data_offset() + 64);
+}
+
+#[test]
+fn accepts_a_file_without_tensors() {
+    let bytes = Builder::new().kv_u32("x", 1).header_bytes();
+    let gguf = GgufFile::parse(&bytes).unwrap();
+    assert!(gguf.tensors().is_empty());
+}
+
+#[test]
+fn empty_tensors_do_not_overlap_anything() {
+    let bytes = Builder::new()
+        .tensor("a", &[4], F32, 0)
+        .tensor("empty", &[0, 3], F32, 0)
+        .data(vec![0; 16])
+        .build();
+    let gguf = GgufFile::parse(&bytes).unwrap();
+    assert_eq!(gguf.tensor("empty").unwrap().byte_len(), 0);
+}
+
+#[test]
+fn typed_getters_report_missing_keys_and_wrong_types() {
+    let bytes = valid().build();
+    let gguf = GgufFile::parse(&bytes).unwrap();
+    assert!(matches!(gguf.get_u32("nope"), Err(GgufError::MissingKey { key }) if key == "nope"));
+    match gguf.get_u64("test.n") {
+        Err(GgufError::WrongType {
+            key,
+            expected,
+            found,
+        }) => {
+            assert_eq!(
+                (key.as_str(), expected, found.as_str()),
+                ("test.n", "u64", "u32")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        gguf.get_str_array("general.architecture"),
+        Err(GgufError::WrongType { found, .. }) if found == "string"
+    ));
+}
+
+#[test]
+fn tensor_bytes_rejects_a_buffer_that_was_not_parsed() {
+    let bytes = valid().build();
+    let gguf = GgufFile::parse(&bytes).unwrap();
+    let info = gguf.tensor("mat").unwrap();
+    let err = gguf
+        .tensor_bytes(&bytes[..bytes.len() - 1], info)
+        .unwrap_err();
+    assert!(
+        matches!(&err, GgufError::BufferMismatch { tensor, .. } if tensor == "mat"),
+        "{err}"
+    );
+}
+
+/// `tiny.gguf` was written by `gguf.GGUFWriter`; `tiny.json` is what
+/// `gguf.GGUFReader` reads back from it.
+#[test]
+fn parses_a_file_written_by_gguf_py_like_gguf_py_reads_it() {
+    let expected: Json = serde_json::from_str(TINY_JSON).unwrap();
+    let gguf = GgufFile::parse(TINY_GGUF).unwrap();
+    assert_eq!(
+        u64::from(gguf.version()),
+        expected["version"].as_u64().unwrap()
+    );
+    assert_eq!(gguf.file_len(), expected["file_len"].as_u64().unwrap());
+    assert_eq!(gguf.alignment(), expected["alignment"].as_u64().unwrap());
+    assert_eq!(
+        gguf.data_offset(),
+        expected["data_offset"].as_u64().unwrap()
+    );
+    assert_eq!(
+        gguf.metadata().len() as u64,
+        expected["kv_count"].as_u64().unwrap()
+    );
+    let meta = expected["metadata"].as_object().unwrap();
+    assert_eq!(gguf.metadata().len(), meta.len());
+    for (key, want) in meta {
+        let got = gguf.get(key).unwrap_or_else(|| panic!("{key} missing"));
+        assert_value_matches(key, got, want);
+    }
+    // Order is the file's.
+    let keys: Vec<_> = gguf.metadata().iter().map(|(k, _)| k.as_str()).collect();
+    let want_keys: Vec<_> = meta.keys().map(String::as_str).collect();
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    let mut want_sorted = want_keys.clone();
+    want_sorted.sort_unstable();
+    assert_eq!(sorted, want_sorted);
+
+    let tensors = expected["tensors"].as_array().unwrap();
+    assert_eq!(gguf.tensors().len(), tensors.len());
+    for (info, want) in gguf.tensors().iter().zip(tensors) {
+        assert_eq!(info.name(), want["name"].as_str().unwrap());
+        assert_eq!(info.ggml_type().name(), want["ggml_type"].as_str().unwrap());
+        let dims: Vec<u64> = want["dims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(info.dims(), dims.as_slice(), "{}", info.name());
+        assert_eq!(info.offset(), want["offset"].as_u64().unwrap());
+        assert_eq!(info.byte_len(), want["n_bytes"].as_u64().unwrap());
+        let values = dequantize_to_vec(
+            info.ggml_type(),
+            gguf.tensor_bytes(TINY_GGUF, info).unwrap(),
+        )
+        .unwrap();
+        let bits: Vec<u64> = values.iter().map(|v| u64::from(v.to_bits())).collect();
+        let want_bits: Vec<u64> = want["f32_bits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(bits, want_bits, "{}", info.name());
+    }
+}
+
+/// Compares a parsed value with gguf-py's description of it (see
+/// `describe_value` in make_fixture.py).
+fn assert_value_matches(key: &str, got: &Value, want: &Json) {
+    let ty = want["type"].as_str().unwrap();
+    match (got, ty) {
+        (Value::String(s), "string") => assert_eq!(s, want["value"].as_str().unwrap(), "{key}"),
+        (Value::Array(a), "array") => {
+            assert_eq!(a.len() as u64, want["len"].as_u64().unwrap(), "{key}");
+            let elem = want["element_type"].as_str().unwrap();
+            let as_json: Vec<Json> = match (a, elem) {
+                (Array::String(v), "STRING") => v.iter().map(|s| Json::from(s.as_str())).collect(),
+                (Array::I32(v), "INT32") => v.iter().map(|&x| Json::from(x)).collect(),
+                (Array::U32(v), "UINT32") => v.iter().map(|&x| Json::from(x)).collect(),
+                (Array::F32(v), "FLOAT32") => v.iter().map(|x| Json::from(x.to_bits())).collect(),
+                (Array::Bool(v), "BOOL") => v.iter().map(|&x| Json::from(x)).collect(),
+                _ => panic!("{key}: array of {} vs {elem}", a.element_type()),
+            };
+            let first = want["first"].as_array().unwrap();
+            assert_eq!(&as_json[..first.len()], first.as_slice(), "{key}");
+            let last = want["last"].as_array().unwrap();
+            assert_eq!(
+                &as_json[as_json.len() - last.len()..],
+                last.as_slice(),
+                "{key}"
+            );
+        }
+        (Value::F32(v), "FLOAT32") => assert_eq!(
+            u64::from(v.to_bits()),
+            want["bits"].as_u64().unwrap(),
+            "{key}"
+        ),
+        (Value::F64(v), "FLOAT64") => {
+            assert_eq!(v.to_bits(), want["bits"].as_u64().unwrap(), "{key}")
+        }
+        (Value::Bool(v), "BOOL") => assert_eq!(*v, want["value"].as_bool().unwrap(), "{key}"),
+        (Value::U8(v), "UINT8") => assert_eq!(u64::from(*v), want["value"].as_u64().unwrap()),
+        (Value::U16(v), "UINT16") => assert_eq!(u64::from(*v), want["value"].as_u64().unwrap()),
+        (Value::U32(v), "UINT32") => assert_eq!(u64::from(*v), want["value"].as_u64().unwrap()),
+        (Value::U64(v), "UINT64") => assert_eq!(*v, want["value"].as_u64().unwrap()),
+        (Value::I8(v), "INT8") => assert_eq!(i64::from(*v), want["value"].as_i64().unwrap()),
+        (Value::I16(v), "INT16") => assert_eq!(i64::from(*v), want["value"].as_i64().unwrap()),
+        (Value::I32(v), "INT32") => assert_eq!(i64::from(*v), want["value"].as_i64().unwrap()),
+        (Value::I64(v), "INT64") => assert_eq!(*v, want["value"].as_i64().unwrap()),
+        _ => panic!(
+            "{key}: parsed {} but gguf-py says {ty}",
+            got.type_description()
+        ),
+    }
+}
+
+#[test]
+fn every_truncation_into_tensor_data_is_an_error() {
+    let gguf = GgufFile::parse(TINY_GGUF).unwrap();
+    // gguf-py pads the last tensor; cutting only padding leaves a valid file.
+    let data_end = gguf
+        .tensors()
+        .iter()
+        .map(|t| t.byte_range().end)
+        .max()
+        .unwrap();
+    assert!(data_end < TINY_GGUF.len() as u64);
+    for len in 0..TINY_GGUF.len() {
+        let parsed = GgufFile::parse(&TINY_GGUF[..len]);
+        assert_eq!(
+            parsed.is_ok(),
+            len as u64 >= data_end,
+            "prefix of {len} bytes"
+        );
+    }
+}
+
+#[test]
+fn flipping_any_header_byte_never_panics() {
+    let gguf = GgufFile::parse(TINY_GGUF).unwrap();
+    let mut bytes = TINY_GGUF.to_vec();
+    for i in 0..gguf.data_offset() as usize {
+        for mask in [0x01, 0x80, 0xFF] {
+            bytes[i] ^= mask;
+            let _ = GgufFile::parse(&bytes);
+            bytes[i] ^= mask;
+        }
+    }
+}
+
+#[test]
+fn maps_a_file_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    std::fs::write(&path, TINY_GGUF).unwrap();
+    let mapped = MappedGguf::open(&path).unwrap();
+    assert_eq!(mapped.path(), path);
+    assert_eq!(mapped.bytes(), TINY_GGUF);
+    let info = mapped.gguf().tensor("t.f32").unwrap();
+    assert_eq!(mapped.tensor_data(info).unwrap().len(), 24);
+}
+
+#[test]
+fn rejects_a_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = GgufFile::open(dir.path().join("absent.gguf")).unwrap_err();
+    assert!(
+        matches!(&err, GgufError::Io { action: "open", source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+        "{err}"
+    );
+}
+
+#[test]
+fn open_names_the_file_of_a_parse_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, contents) in [
+        ("empty.gguf", &b""[..]),
+        ("garbage.gguf", &b"nonsense bytes"[..]),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, contents).unwrap();
+        let err = GgufFile::open(&path).unwrap_err();
+        assert!(
+            matches!(&err, GgufError::InFile { path: p, .. } if *p == path),
+            "{err}"
+        );
+        assert!(matches!(
+            err.innermost(),
+            GgufError::Truncated { .. } | GgufError::BadMagic { .. }
+        ));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One rejection per rule
+
+#[test]
+fn rejects_bad_magic() {
+    let mut b = valid();
+    b.magic = *b"GGML";
+    assert!(matches!(
+        parse_err(&b.build()),
+        GgufError::BadMagic { found } if &found == b"GGML"
+    ));
+}
+
+#[test]
+fn rejects_unsupported_versions() {
+    for version in [1, 4, 0x0300_0000] {
+        let mut b = valid();
+        b.version = version;
+        assert!(matches!(
+            parse_err(&b.build()),
+            GgufError::UnsupportedVersion { version: v } if v == version
+        ));
+    }
+}
+
+#[test]
+fn rejects_a_truncated_header() {
+    let bytes = valid().build();
+    match parse_err(&bytes[..20]) {
+        GgufError::Truncated {
+            field,
+            offset,
+            needed,
+            available,
+        } => {
+            assert_eq!(field, "metadata entry count");
+            assert_eq!((offset, needed, available), (16, 8, 4));
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn rejects_a_tensor_count_above_the_cap() {
+    let mut b = valid();
+    b.n_tensors = Some(MAX_TENSORS + 1);
+    assert!(matches!(
+        parse_err(&b.build()),
+        GgufError::TooMany { what: "tensors", count, max: MAX_TENSORS } if count == MAX_TENSORS + 1
+    ));
+}
+
+#[test]
+fn rejects_a_metadata_count_above_the_cap() {
+    let mut b = valid();
+    b.n_kv = Some(u64::MAX);
+    assert!(matches!(
+        parse_err(&b.build()),
+        GgufError::TooMany {
+            what: "metadata entries",
+            max: MAX_METADATA_ENTRIES,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn rejects_a_metadata_count_larger_than_the_file() {
+    let mut b = valid();
+    b.n_kv = Some(MAX_METADATA_ENTRIES);
+    assert!(matches!(
+        parse_err(&b.build()),
+        GgufError::CountExceedsFile { what, count: MAX_METADATA_ENTRIES, .. } if what == "metadata"
+    ));
+}
+
+#[test]
+fn rejects_a_tensor_count_larger_than_the_file() {
+    let mut b = valid();
+    b.n_tensors = Some(1000);
+    assert!(matches!(
+        parse_err(&b.build()),
+        GgufError::CountExceedsFile { what, count: 1000, min_item_bytes: 24, .. } if what == "tensor table"
+    ));
+}
+
+#[test]
+fn rejects_a_key_longer_than_the_cap() {
+    let key = "k".repeat(MAX_KEY_LEN as usize + 1);
+    let bytes = Builder::new().kv_u32(&key, 1).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::StringTooLong { len, max: MAX_KEY_LEN, .. } if len == MAX_KEY_LEN + 1
+    ));
+}
+
+#[test]
+fn rejects_a_string_value_longer_than_the_cap() {
+    // Only the length is written: the cap is checked before reading.
+    let bytes = Builder::new()
+        .kv("s", T_STRING, le64(MAX_STRING_LEN + 1))
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::StringTooLong { field, max: MAX_STRING_LEN, .. } if field == "value of key s"
+    ));
+}
+
+#[test]
+fn rejects_a_string_longer_than_the_rest_of_the_file() {
+    let bytes = Builder::new().kv("s", T_STRING, le64(1000)).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::Truncated { field, needed: 1000, .. } if field == "value of key s"
+    ));
+}
+
+#[test]
+fn rejects_a_tensor_name_longer_than_the_cap() {
+    let name = "n".repeat(MAX_TENSOR_NAME_LEN as usize + 1);
+    let bytes = Builder::new()
+        .tensor(&name, &[4], F32, 0)
+        .data(vec![0; 16])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::StringTooLong { field, max: MAX_TENSOR_NAME_LEN, .. } if field == "name of tensor 0"
+    ));
+}
+
+#[test]
+fn rejects_invalid_utf8() {
+    let bytes = Builder::new().kv("s", T_STRING, gstr(b"\xFF\xFE")).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::InvalidUtf8 { field } if field == "value of key s"
+    ));
+}
+
+#[test]
+fn rejects_an_array_longer_than_the_cap() {
+    let value = [le32(T_U8), le64(MAX_ARRAY_LEN + 1)].concat();
+    let bytes = Builder::new().kv("a", T_ARRAY, value).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::ArrayTooLong { key, max: MAX_ARRAY_LEN, .. } if key == "a"
+    ));
+}
+
+#[test]
+fn rejects_an_array_longer_than_the_rest_of_the_file() {
+    // 100 u64s need 800 bytes; 100 strings at least as many.
+    for elem in [T_U64, T_STRING] {
+        let value = [le32(elem), le64(100), vec![0; 16]].concat();
+        let bytes = Builder::new().kv("a", T_ARRAY, value).header_bytes();
+        assert!(matches!(
+            parse_err(&bytes),
+            GgufError::CountExceedsFile { what, count: 100, min_item_bytes: 8, available: 16 } if what == "array a"
+        ));
+    }
+}
+
+#[test]
+fn rejects_an_unknown_value_type() {
+    let bytes = Builder::new().kv("x", 13, le32(0)).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::UnknownValueType { key, type_id: 13 } if key == "x"
+    ));
+    let bytes = Builder::new()
+        .kv("y", T_ARRAY, [le32(99), le64(0)].concat())
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::UnknownValueType { key, type_id: 99 } if key == "y"
+    ));
+}
+
+#[test]
+fn rejects_an_array_of_arrays() {
+    let inner = [le32(T_U8), le64(1), vec![5]].concat();
+    let value = [le32(T_ARRAY), le64(1), inner].concat();
+    let bytes = Builder::new().kv("nested", T_ARRAY, value).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::NestedArray { key } if key == "nested"
+    ));
+}
+
+#[test]
+fn rejects_a_bool_other_than_0_or_1() {
+    let bytes = Builder::new().kv("b", T_BOOL, vec![2]).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::InvalidBool { key, byte: 2 } if key == "b"
+    ));
+    let value = [le32(T_BOOL), le64(2), vec![1, 7]].concat();
+    let bytes = Builder::new().kv("bs", T_ARRAY, value).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::InvalidBool { key, byte: 7 } if key == "bs"
+    ));
+}
+
+#[test]
+fn rejects_a_duplicate_key() {
+    let bytes = valid().kv_u32("test.n", 8).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::DuplicateKey { key } if key == "test.n"
+    ));
+}
+
+#[test]
+fn rejects_a_duplicate_tensor_name() {
+    let bytes = valid()
+        .tensor("vec", &[4], F32, 64)
+        .data(vec![0; 96])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::DuplicateTensor { tensor } if tensor == "vec"
+    ));
+}
+
+#[test]
+fn rejects_a_zero_alignment() {
+    let bytes = valid().kv_u32("general.alignment", 0).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::BadAlignment { alignment: 0 }
+    ));
+}
+
+#[test]
+fn rejects_an_alignment_that_is_not_a_power_of_two() {
+    let bytes = valid().kv_u32("general.alignment", 48).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::BadAlignment { alignment: 48 }
+    ));
+}
+
+#[test]
+fn rejects_an_alignment_that_is_not_u32() {
+    let bytes = valid().kv("general.alignment", T_U64, le64(32)).build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::WrongType { key, expected: "u32", found } if key == "general.alignment" && found == "u64"
+    ));
+}
+
+#[test]
+fn rejects_more_than_four_dims() {
+    let bytes = Builder::new()
+        .tensor("t5", &[1, 1, 1, 1, 1], F32, 0)
+        .data(vec![0; 4])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::TooManyDims { tensor, n_dims: 5, max: MAX_DIMS } if tensor == "t5"
+    ));
+}
+
+#[test]
+fn rejects_an_unknown_ggml_type() {
+    // 4 was Q4_2, retired from ggml.
+    let bytes = valid()
+        .tensor("old", &[32], 4, 64)
+        .data(vec![0; 128])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::UnknownGgmlType { tensor, type_id: 4 } if tensor == "old"
+    ));
+}
+
+#[test]
+fn rejects_an_element_count_that_overflows() {
+    let bytes = Builder::new()
+        .tensor("huge", &[1 << 32, 1 << 32], F32, 0)
+        .data(vec![0; 4])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::ShapeOverflow { tensor, .. } if tensor == "huge"
+    ));
+}
+
+#[test]
+fn rejects_a_byte_size_that_overflows() {
+    // 2^62 elements fit in i64, but 2^64 bytes of F32 do not fit in u64.
+    let bytes = Builder::new()
+        .tensor("big", &[1 << 31, 1 << 31], F32, 0)
+        .data(vec![0; 4])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::ShapeOverflow { tensor, dims } if tensor == "big" && dims == [1 << 31, 1 << 31]
+    ));
+}
+
+#[test]
+fn rejects_a_dim_above_i64_max() {
+    let bytes = Builder::new()
+        .tensor("neg", &[u64::MAX], F32, 0)
+        .data(vec![0; 4])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::ShapeOverflow { tensor, .. } if tensor == "neg"
+    ));
+}
+
+#[test]
+fn rejects_a_row_that_is_not_a_whole_number_of_blocks() {
+    let bytes = Builder::new()
+        .tensor("q", &[16, 2], Q8_0, 0)
+        .data(vec![0; 64])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::RowNotBlockAligned { tensor, ggml_type: GgmlType::Q8_0, ne0: 16, block_size: 32 } if tensor == "q"
+    ));
+}
+
+#[test]
+fn rejects_a_misaligned_tensor_offset() {
+    let bytes = Builder::new()
+        .tensor("m", &[4], F32, 4)
+        .data(vec![0; 32])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::MisalignedTensor { tensor, offset: 4, alignment: 32 } if tensor == "m"
+    ));
+}
+
+#[test]
+fn rejects_a_tensor_past_the_end_of_the_file() {
+    let bytes = valid()
+        .tensor("late", &[8], F32, 64)
+        .data(vec![0; 80])
+        .build();
+    match parse_err(&bytes) {
+        GgufError::TensorOutOfBounds {
+            tensor,
+            start,
+            end,
+            file_len,
+        } => {
+            assert_eq!(tensor, "late");
+            assert_eq!(end - start, 32);
+            assert_eq!(u128::from(file_len), start + 16);
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn rejects_a_tensor_offset_whose_end_overflows_u64() {
+    let offset = u64::MAX - 31; // aligned
+    let bytes = Builder::new()
+        .tensor("wrap", &[16], F32, offset)
+        .data(vec![0; 64])
+        .build();
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::TensorOutOfBounds { tensor, start, .. } if tensor == "wrap" && start > u128::from(u64::MAX)
+    ));
+}
+
+#[test]
+fn rejects_overlapping_tensors() {
+    let bytes = Builder::new()
+        .tensor("a", &[16], F32, 0)
+        .tensor("b", &[4], F32, 32)
+        .data(vec![0; 64])
+        .build();
+    match parse_err(&bytes) {
+        GgufError::TensorOverlap {
+            first,
+            first_start,
+            first_end,
+            second,
+            second_start,
+            ..
+        } => {
+            assert_eq!((first.as_str(), second.as_str()), ("a", "b"));
+            assert_eq!(first_end - first_start, 64);
+            assert_eq!(second_start - first_start, 32);
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn rejects_a_data_section_past_the_end_of_the_file() {
+    // The table ends unaligned and the file stops there.
+    let b = Builder::new().tensor("e", &[0], F32, 0);
+    let bytes = b.header_bytes();
+    assert_ne!(bytes.len() % 32, 0);
+    assert!(matches!(
+        parse_err(&bytes),
+        GgufError::DataSectionOutOfBounds { data_offset, file_len } if file_len == bytes.len() as u64 && data_offset > file_len
+    ));
+}
+
+#[test]
+fn value_types_round_trip_their_ids() {
+    for id in 0..=12 {
+        assert_eq!(ValueType::from_id(id).unwrap() as u32, id);
+    }
+    assert_eq!(ValueType::from_id(13), None);
+}

@@ -1,0 +1,188 @@
+//! The real Qwen2.5-Coder-0.5B-Instruct Q4_K_M checkpoint, checked against
+//! what the Python `gguf` package reads from it (`fixtures/gguf/real_file.json`,
+//! written by `make_fixture.py`).
+//!
+//! Runs only when the checkpoint is in the cache (`burn-mapped fetch` or
+//! `burn_mapped_tools::fetch::fetch_qwen25_coder_05b` puts it there); without
+//! it the test prints a note and passes, so CI needs no network.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use burn_mapped::gguf::{GgufFile, Value, can_dequantize, dequantize};
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+const REAL_FILE: &str = include_str!("fixtures/gguf/real_file.json");
+const FILE_NAME: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+/// Same location rule as `burn_mapped_tools::fetch::default_cache_dir`, which
+/// this crate cannot depend on.
+fn cached_checkpoint() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::home_dir().map(|h| h.join(".cache")))?;
+    let path = base.join("burn-mapped").join(FILE_NAME);
+    path.is_file().then_some(path)
+}
+
+#[test]
+fn the_real_checkpoint_reads_like_gguf_py_reads_it() {
+    let Some(path) = cached_checkpoint() else {
+        eprintln!("note: {FILE_NAME} is not in the cache; skipping the real-checkpoint test");
+        return;
+    };
+    let expected: Json = serde_json::from_str(REAL_FILE).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let gguf = file.gguf();
+
+    assert_eq!(gguf.file_len(), expected["file_len"].as_u64().unwrap());
+    assert_eq!(
+        u64::from(gguf.version()),
+        expected["version"].as_u64().unwrap()
+    );
+    assert_eq!(gguf.tensors().len(), 291);
+    assert_eq!(
+        gguf.tensors().len() as u64,
+        expected["tensor_count"].as_u64().unwrap()
+    );
+    assert_eq!(
+        gguf.metadata().len() as u64,
+        expected["kv_count"].as_u64().unwrap()
+    );
+    assert_eq!(gguf.alignment(), expected["alignment"].as_u64().unwrap());
+    assert_eq!(
+        gguf.data_offset(),
+        expected["data_offset"].as_u64().unwrap()
+    );
+    assert_eq!(gguf.architecture().unwrap(), "qwen2");
+
+    // Scalar and string metadata, and the ends of the arrays.
+    for (key, want) in expected["metadata"].as_object().unwrap() {
+        let got = gguf.get(key).unwrap_or_else(|| panic!("{key} missing"));
+        match want["type"].as_str().unwrap() {
+            "string" => assert_eq!(gguf.get_str(key).unwrap(), want["value"].as_str().unwrap()),
+            "UINT32" => assert_eq!(
+                u64::from(gguf.get_u32(key).unwrap()),
+                want["value"].as_u64().unwrap(),
+                "{key}"
+            ),
+            "FLOAT32" => assert_eq!(
+                u64::from(gguf.get_f32(key).unwrap().to_bits()),
+                want["bits"].as_u64().unwrap(),
+                "{key}"
+            ),
+            "BOOL" => assert_eq!(
+                gguf.get_bool(key).unwrap(),
+                want["value"].as_bool().unwrap()
+            ),
+            "array" => {
+                let (len, first, last): (usize, Vec<Json>, Vec<Json>) = match got {
+                    Value::Array(_) if want["element_type"] == "STRING" => {
+                        let v = gguf.get_str_array(key).unwrap();
+                        let j = |s: &String| Json::from(s.as_str());
+                        (
+                            v.len(),
+                            v[..3].iter().map(j).collect(),
+                            vec![j(&v[v.len() - 1])],
+                        )
+                    }
+                    Value::Array(_) if want["element_type"] == "INT32" => {
+                        let v = gguf.get_i32_array(key).unwrap();
+                        let j = |x: &i32| Json::from(*x);
+                        (
+                            v.len(),
+                            v[..3].iter().map(j).collect(),
+                            vec![j(&v[v.len() - 1])],
+                        )
+                    }
+                    other => panic!("{key}: unexpected {}", other.type_description()),
+                };
+                assert_eq!(len as u64, want["len"].as_u64().unwrap(), "{key}");
+                assert_eq!(first, *want["first"].as_array().unwrap(), "{key}");
+                assert_eq!(last, *want["last"].as_array().unwrap(), "{key}");
+            }
+            other => panic!("{key}: fixture type {other} not handled"),
+        }
+    }
+
+    // The tensor table, entry by entry.
+    let tensors = expected["tensors"].as_array().unwrap();
+    let mut type_counts = BTreeMap::new();
+    for (info, want) in gguf.tensors().iter().zip(tensors) {
+        let name = info.name();
+        assert_eq!(name, want["name"].as_str().unwrap());
+        assert_eq!(
+            info.ggml_type().name(),
+            want["ggml_type"].as_str().unwrap(),
+            "{name}"
+        );
+        let dims: Vec<u64> = want["dims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(info.dims(), dims.as_slice(), "{name}");
+        assert_eq!(info.offset(), want["offset"].as_u64().unwrap(), "{name}");
+        assert_eq!(info.byte_len(), want["n_bytes"].as_u64().unwrap(), "{name}");
+        *type_counts.entry(info.ggml_type().name()).or_insert(0) += 1;
+    }
+    let counts: Vec<_> = type_counts.into_iter().collect();
+    assert_eq!(
+        counts,
+        [
+            ("F32", 121),
+            ("Q4_K", 12),
+            ("Q5_0", 133),
+            ("Q6_K", 12),
+            ("Q8_0", 13)
+        ]
+    );
+    let embd = gguf.tensor("token_embd.weight").unwrap();
+    assert_eq!(embd.shape_row_major(), [151_936, 896]);
+
+    // Whole tensors dequantized, hashed as little-endian f32 like the
+    // fixture. All of them in release builds; one per type otherwise.
+    let mut seen_types = BTreeSet::new();
+    let mut buf = Vec::new();
+    let mut bytes = Vec::new();
+    let mut checked = 0;
+    let (mut dequant_time, mut elements) = (Duration::ZERO, 0usize);
+    for (info, want) in gguf.tensors().iter().zip(tensors) {
+        assert!(can_dequantize(info.ggml_type()), "{}", info.name());
+        if cfg!(debug_assertions) && !seen_types.insert(info.ggml_type().id()) {
+            continue;
+        }
+        buf.resize(info.n_elements() as usize, 0.0);
+        let start = Instant::now();
+        dequantize(info.ggml_type(), file.tensor_data(info).unwrap(), &mut buf).unwrap();
+        dequant_time += start.elapsed();
+        elements += buf.len();
+        let mut hasher = Sha256::new();
+        for chunk in buf.chunks(1 << 14) {
+            bytes.clear();
+            bytes.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
+            hasher.update(&bytes);
+        }
+        let got: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            got,
+            want["f32_sha256"].as_str().unwrap(),
+            "dequantized {} ({}) differs from gguf-py",
+            info.name(),
+            info.ggml_type()
+        );
+        checked += 1;
+    }
+    eprintln!(
+        "{checked} whole tensors match gguf-py's dequantization \
+         ({elements} elements dequantized in {dequant_time:.2?})"
+    );
+}
