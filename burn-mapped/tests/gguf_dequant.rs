@@ -13,7 +13,7 @@ const DEQUANT_BLOCKS: &str = include_str!("fixtures/gguf/dequant_blocks.json");
 const GGML_TYPES: &str = include_str!("fixtures/gguf/ggml_types.json");
 
 fn hex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit"))

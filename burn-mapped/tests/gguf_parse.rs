@@ -110,7 +110,7 @@ impl Builder {
 
     fn build(&self) -> Vec<u8> {
         let mut out = self.header_bytes();
-        while out.len() as u64 % self.align != 0 {
+        while !(out.len() as u64).is_multiple_of(self.align) {
             out.push(0);
         }
         out.extend(&self.data);

@@ -51,7 +51,7 @@ impl TensorInfo {
     /// Shape in row-major order, i.e. the dims reversed: a 2-D weight is
     /// `[ne1, ne0]` = `[out, in]`.
     pub fn shape_row_major(&self) -> Vec<usize> {
-        // The parser checked that the element count, hence every dim, fits usize.
+        // The parser checked that every dim fits usize.
         self.dims.iter().rev().map(|&d| d as usize).collect()
     }
 
@@ -283,6 +283,9 @@ struct Parser<'a> {
     pos: usize,
 }
 
+/// Metadata in file order, and the position of each key in it.
+type MetadataTable = (Vec<(String, Value)>, HashMap<String, usize>);
+
 /// A tensor-table entry before the data section start is known.
 struct RawTensor {
     name: String,
@@ -415,11 +418,9 @@ impl<'a> Parser<'a> {
         })
     }
 
-    #[allow(clippy::type_complexity)]
-    fn metadata(
-        &mut self,
-        n_entries: u64,
-    ) -> Result<(Vec<(String, Value)>, HashMap<String, usize>), GgufError> {
+    /// Reads the metadata entries, returning them in file order plus an index
+    /// by key.
+    fn metadata(&mut self, n_entries: u64) -> Result<MetadataTable, GgufError> {
         self.check_count(|| "metadata".to_owned(), n_entries, MIN_ENTRY_BYTES)?;
         let mut entries = Vec::with_capacity(n_entries as usize);
         let mut index = HashMap::with_capacity(n_entries as usize);
@@ -625,8 +626,8 @@ fn validate_tensor(
     let n_elements = dims
         .iter()
         .try_fold(1u64, |acc, &d| {
-            // ggml stores dims as int64_t.
-            if d > i64::MAX as u64 {
+            // ggml stores dims as int64_t; shapes are handed out as usize.
+            if d > i64::MAX as u64 || usize::try_from(d).is_err() {
                 None
             } else {
                 acc.checked_mul(d)
