@@ -5,4 +5,6 @@
 pub mod cli;
 pub mod fetch;
 pub mod probe;
+pub mod progress;
+pub mod qwen;
 pub mod select;

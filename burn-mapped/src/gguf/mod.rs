@@ -40,12 +40,14 @@
 // This module must not use anything else from the crate: the fuzz target
 // (fuzz/fuzz_targets/gguf_parse.rs) compiles it on its own by path.
 
+mod convert;
 mod dequant;
 mod error;
 mod mapped;
 mod reader;
 mod types;
 
+pub use convert::{GgufConvert, GgufConvertError, SOURCE_KEY, gguf_to_store};
 pub use dequant::{can_dequantize, dequantize, dequantize_to_vec};
 pub use error::GgufError;
 pub use mapped::MappedGguf;

@@ -1,4 +1,6 @@
 //! Argument modules of the `burn-mapped` binary; each has an `Args` struct and a `run` function.
 
+pub mod fetch;
+pub mod generate;
 pub mod probe;
 pub mod select;

@@ -1,0 +1,190 @@
+//! `burn-mapped generate`: the main job. Fetches and converts on first use, loads Qwen2.5 with
+//! every weight adopted from the mapped store, streams tokens, and reports how fast and how
+//! small that was.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::{DType, Device};
+use burn_mapped::memstat::rss_self;
+use burn_mapped_models::qwen2::{Sampler, Sampling};
+use burn_mapped_models::tokenizer::chat_prompt;
+use serde::Serialize;
+
+use crate::fetch::default_cache_dir;
+use crate::qwen;
+
+/// Arguments of `burn-mapped generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A known model name, a `.gguf` file, or a store directory.
+    #[arg(long, default_value = qwen::QWEN25_CODER_05B)]
+    pub model: String,
+    /// The prompt.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template (Instruct models).
+    #[arg(long)]
+    pub chat: bool,
+    /// System prompt for `--chat` (default: the template's own).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most new tokens to generate.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Nucleus sampling mass (with a temperature above 0).
+    #[arg(long, default_value_t = 0.9)]
+    pub top_p: f64,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Store dtype when converting: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
+    #[arg(long)]
+    pub strict: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Cache directory for downloads and converted stores.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    model: String,
+    store: String,
+    placement: &'static str,
+    device: &'static str,
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    generated_ids: Vec<u32>,
+    text: String,
+    model_ready_ms: f64,
+    time_to_first_token_ms: f64,
+    decode_tokens: usize,
+    decode_tokens_per_s: f64,
+    rss_anon_bytes: u64,
+    rss_file_bytes: u64,
+}
+
+/// Parses a store dtype name.
+pub fn parse_store_dtype(name: &str) -> anyhow::Result<DType> {
+    match name {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => anyhow::bail!("unsupported --dtype `{other}` (f32, f16, bf16)"),
+    }
+}
+
+/// Runs `generate`.
+pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let dtype = parse_store_dtype(&args.dtype)?;
+    let mut bar = crate::progress::ByteBar::new("converting", !args.json);
+    let mut progress = |done: u64, total: u64, name: &str| bar.update(done, total, name);
+    let paths = qwen::resolve(&args.model, dtype, &cache, Some(&mut progress))?;
+    drop(bar);
+
+    let tokenizer = qwen::load_tokenizer(&paths)?;
+    let device = Device::default();
+    let start = Instant::now();
+    let loaded = qwen::load(&paths, &device, args.strict)
+        .with_context(|| format!("loading {}", paths.store.display()))?;
+    let model_ready = start.elapsed();
+
+    let prompt = if args.chat {
+        chat_prompt(args.system.as_deref(), &args.prompt)
+    } else {
+        args.prompt.clone()
+    };
+    let prompt_ids = tokenizer.encode(&prompt)?;
+    let sampling = if args.temperature > 0.0 {
+        Sampling::TopP {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: args.seed,
+        }
+    } else {
+        Sampling::Greedy
+    };
+    let mut sampler = Sampler::new(sampling)?;
+    let mut stream = tokenizer.stream_decoder();
+    let mut first_token = None;
+    let mut stdout = std::io::stdout().lock();
+    let mut stream_error = None;
+    let generated = loaded.model.generate_with(
+        &prompt_ids,
+        args.max_tokens,
+        &mut sampler,
+        tokenizer.eos_ids(),
+        |id| {
+            first_token.get_or_insert_with(|| start.elapsed());
+            if !args.json {
+                match stream.push(id) {
+                    Ok(Some(piece)) => {
+                        let _ = stdout.write_all(piece.as_bytes());
+                        let _ = stdout.flush();
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        stream_error.get_or_insert(e);
+                    }
+                }
+            }
+        },
+    )?;
+    if let Some(e) = stream_error {
+        return Err(e.into());
+    }
+    let end = start.elapsed();
+    let ttft = first_token.unwrap_or(end);
+    let decode_tokens = generated.len().saturating_sub(1);
+    let decode_secs = (end - ttft).as_secs_f64();
+    let rss = rss_self()?;
+    let summary = Summary {
+        model: args.model.clone(),
+        store: paths.store.display().to_string(),
+        placement: "map",
+        device: "cpu (flex)",
+        text: tokenizer.decode(&generated)?,
+        prompt,
+        prompt_ids,
+        generated_ids: generated,
+        model_ready_ms: model_ready.as_secs_f64() * 1e3,
+        time_to_first_token_ms: ttft.as_secs_f64() * 1e3,
+        decode_tokens,
+        decode_tokens_per_s: if decode_secs > 0.0 {
+            decode_tokens as f64 / decode_secs
+        } else {
+            0.0
+        },
+        rss_anon_bytes: rss.anon,
+        rss_file_bytes: rss.file,
+    };
+    drop(stdout);
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        let rest = stream.finish();
+        println!("{rest}");
+        eprintln!(
+            "[model-ready {:.0} ms | first token {:.0} ms | decode {:.2} tok/s over {} tokens | RssAnon {} MiB | RssFile {} MiB]",
+            summary.model_ready_ms,
+            summary.time_to_first_token_ms,
+            summary.decode_tokens_per_s,
+            summary.decode_tokens,
+            summary.rss_anon_bytes >> 20,
+            summary.rss_file_bytes >> 20
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! Qwen2.5 from a mapped store: where the store comes from (a known name, a GGUF file, or a
+//! store directory), converting once, and loading with every weight adopted.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use burn::store::ModuleSnapshot;
+use burn::tensor::{DType, Device};
+use burn_mapped::gguf::{GgufError, GgufFile, MappedGguf, gguf_to_store, GgufConvert, GgufConvertError, SOURCE_KEY};
+use burn_mapped::{MANIFEST_FILE, MappedStore, StoreError};
+use burn_mapped_models::qwen2::{ConfigError, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name};
+use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError};
+
+use crate::fetch::{FetchError, fetch_qwen25_coder_05b};
+
+/// The checkpoint `generate --model qwen2.5-coder-0.5b` names.
+pub const QWEN25_CODER_05B: &str = "qwen2.5-coder-0.5b";
+
+/// Errors on the way from a model name to a loaded model.
+#[derive(Debug, thiserror::Error)]
+pub enum QwenError {
+    /// Downloading the checkpoint failed.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// The GGUF could not be read.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// Converting the GGUF into a store failed.
+    #[error(transparent)]
+    Convert(#[from] GgufConvertError),
+    /// The store could not be opened or applied.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The configuration is missing or invalid.
+    #[error("model configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The tokenizer could not be built.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    /// `--model` named nothing usable.
+    #[error("`{0}` is neither a known model, a .gguf file, nor a store directory")]
+    UnknownModel(String),
+    /// A store without a recorded source GGUF (needed for the tokenizer).
+    #[error("store {} does not record its source GGUF (metadata `{SOURCE_KEY}`)", .0.display())]
+    NoSource(PathBuf),
+}
+
+/// Where a model's files are.
+#[derive(Debug, Clone)]
+pub struct ModelPaths {
+    /// The mapped store.
+    pub store: PathBuf,
+    /// The GGUF the store was converted from (vocabulary, chat template).
+    pub gguf: PathBuf,
+}
+
+/// Output dtype name for store directory names.
+fn dtype_tag(dtype: DType) -> &'static str {
+    burn_mapped::dtype_name(dtype).unwrap_or("f32")
+}
+
+/// Resolves `spec` to a store, fetching and converting on first use.
+///
+/// `progress` is called during conversion with (done bytes, total bytes, tensor).
+pub fn resolve(
+    spec: &str,
+    dtype: DType,
+    cache: &Path,
+    progress: Option<&mut dyn FnMut(u64, u64, &str)>,
+) -> Result<ModelPaths, QwenError> {
+    let path = Path::new(spec);
+    let gguf = if spec == QWEN25_CODER_05B {
+        fetch_qwen25_coder_05b(cache, true)?
+    } else if path.is_dir() && path.join(MANIFEST_FILE).is_file() {
+        let manifest = burn_mapped::Manifest::read(path)?;
+        let source = manifest
+            .metadata()
+            .get(SOURCE_KEY)
+            .ok_or_else(|| QwenError::NoSource(path.to_path_buf()))?;
+        return Ok(ModelPaths {
+            store: path.to_path_buf(),
+            gguf: PathBuf::from(source),
+        });
+    } else if path.extension().is_some_and(|e| e == "gguf") && path.is_file() {
+        path.to_path_buf()
+    } else {
+        return Err(QwenError::UnknownModel(spec.to_string()));
+    };
+    let stem = gguf
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let store = cache.join("stores").join(format!("{stem}-{}", dtype_tag(dtype)));
+    if !store.join(MANIFEST_FILE).is_file() {
+        convert(&gguf, &store, dtype, progress)?;
+    }
+    Ok(ModelPaths { store, gguf })
+}
+
+/// Converts a Qwen2 GGUF into a store at `store` (module paths = Hugging Face names).
+pub fn convert(
+    gguf: &Path,
+    store: &Path,
+    dtype: DType,
+    progress: Option<&mut dyn FnMut(u64, u64, &str)>,
+) -> Result<burn_mapped::Manifest, QwenError> {
+    let mapped = MappedGguf::open(gguf)?;
+    let rename = |name: &str| hf_name(name);
+    Ok(gguf_to_store(
+        &mapped,
+        store,
+        GgufConvert {
+            rename: &rename,
+            dtype,
+            progress,
+        },
+    )?)
+}
+
+/// The model configuration recorded in a store converted from GGUF.
+pub fn config_from_store(store: &MappedStore) -> Result<Qwen2Config, QwenError> {
+    let manifest = store.manifest();
+    let meta = manifest.metadata();
+    let vocab = manifest
+        .get("model.embed_tokens.weight")
+        .map(|t| t.shape()[0])
+        .ok_or_else(|| StoreError::TensorNotFound {
+            tensor: "model.embed_tokens.weight".into(),
+            dir: store.dir().to_path_buf(),
+        })?;
+    let has_head = manifest.get("lm_head.weight").is_some();
+    Ok(config_from_gguf(
+        |key| meta.get(&format!("gguf.{key}")).cloned(),
+        vocab,
+        has_head,
+    )?)
+}
+
+/// Builds the tokenizer from a GGUF's embedded vocabulary.
+pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Qwen2Tokenizer, QwenError> {
+    let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?.to_vec();
+    let merges = gguf.get_str_array("tokenizer.ggml.merges")?.to_vec();
+    let types = gguf.get_i32_array("tokenizer.ggml.token_type")?.to_vec();
+    let eos = gguf.get_u32("tokenizer.ggml.eos_token_id")?;
+    let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").ok();
+    let add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+    Ok(Qwen2Tokenizer::from_vocab(tokens, merges, types, eos, bos, add_bos)?)
+}
+
+/// A loaded model with its tokenizer and how long loading took.
+pub struct LoadedQwen {
+    /// The model, its weights adopted from the store.
+    pub model: Qwen2ForCausalLM,
+    /// The open store (keeps the mappings alive and can verify them).
+    pub store: MappedStore,
+    /// Time from opening the store to a model ready to run.
+    pub model_ready: Duration,
+}
+
+/// Opens the store and loads the model with every weight adopted (no copy on Flex).
+pub fn load(paths: &ModelPaths, device: &Device, strict: bool) -> Result<LoadedQwen, QwenError> {
+    let start = Instant::now();
+    let mut store = MappedStore::options().strict(strict).open(&paths.store)?;
+    let config = config_from_store(&store)?;
+    let mut model = config.try_init(device)?;
+    model.load_from(&mut store)?;
+    Ok(LoadedQwen {
+        model,
+        store,
+        model_ready: start.elapsed(),
+    })
+}
+
+/// Opens the GGUF recorded for a store and builds its tokenizer.
+pub fn load_tokenizer(paths: &ModelPaths) -> Result<Qwen2Tokenizer, QwenError> {
+    let gguf = MappedGguf::open(&paths.gguf)?;
+    tokenizer_from_gguf(gguf.gguf())
+}
