@@ -1,1 +1,1 @@
-//! placeholder
+//! Workspace-level integration tests live in `tests/`; this crate has no library code.

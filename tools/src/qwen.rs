@@ -6,9 +6,13 @@ use std::time::{Duration, Instant};
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
-use burn_mapped::gguf::{GgufError, GgufFile, MappedGguf, gguf_to_store, GgufConvert, GgufConvertError, SOURCE_KEY};
+use burn_mapped::gguf::{
+    GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
+};
 use burn_mapped::{MANIFEST_FILE, MappedStore, StoreError};
-use burn_mapped_models::qwen2::{ConfigError, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name};
+use burn_mapped_models::qwen2::{
+    ConfigError, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name,
+};
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError};
 
 use crate::fetch::{FetchError, fetch_qwen25_coder_05b};
@@ -90,7 +94,9 @@ pub fn resolve(
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let store = cache.join("stores").join(format!("{stem}-{}", dtype_tag(dtype)));
+    let store = cache
+        .join("stores")
+        .join(format!("{stem}-{}", dtype_tag(dtype)));
     if !store.join(MANIFEST_FILE).is_file() {
         convert(&gguf, &store, dtype, progress)?;
     }
@@ -143,8 +149,12 @@ pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Qwen2Tokenizer, QwenError>
     let types = gguf.get_i32_array("tokenizer.ggml.token_type")?.to_vec();
     let eos = gguf.get_u32("tokenizer.ggml.eos_token_id")?;
     let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").ok();
-    let add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
-    Ok(Qwen2Tokenizer::from_vocab(tokens, merges, types, eos, bos, add_bos)?)
+    let add_bos = gguf
+        .get_bool("tokenizer.ggml.add_bos_token")
+        .unwrap_or(false);
+    Ok(Qwen2Tokenizer::from_vocab(
+        tokens, merges, types, eos, bos, add_bos,
+    )?)
 }
 
 /// A loaded model with its tokenizer and how long loading took.

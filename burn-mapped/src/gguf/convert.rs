@@ -6,8 +6,8 @@ use std::path::Path;
 
 use burn::tensor::DType;
 
-use crate::error::StoreError;
 use super::{GgufError, MappedGguf, Value, dequantize};
+use crate::error::StoreError;
 use crate::manifest::Manifest;
 use crate::writer::{StoreWriter, TensorSpec};
 
@@ -132,7 +132,9 @@ fn write_as(values: &[f32], dtype: DType, sink: &mut impl Write) -> std::io::Res
             DType::BF16 => chunk
                 .iter()
                 .for_each(|&v| buf.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
-            _ => chunk.iter().for_each(|&v| buf.extend_from_slice(&v.to_le_bytes())),
+            _ => chunk
+                .iter()
+                .for_each(|&v| buf.extend_from_slice(&v.to_le_bytes())),
         }
         sink.write_all(&buf)?;
     }

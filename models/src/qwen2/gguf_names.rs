@@ -90,7 +90,10 @@ mod tests {
 
     #[test]
     fn maps_every_qwen2_tensor_kind() {
-        assert_eq!(hf_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert_eq!(
+            hf_name("token_embd.weight").unwrap(),
+            "model.embed_tokens.weight"
+        );
         assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
         assert_eq!(
             hf_name("blk.23.attn_k.bias").unwrap(),

@@ -200,13 +200,18 @@ impl Qwen2ForCausalLM {
 
     fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
+            Some(head) => project(head, hidden),
             // `[vocab, hidden]` transposed is a view; no copy of the embedding.
-            None => burn::tensor::module::linear(
-                hidden,
-                self.model.embed_tokens.weight.val().transpose(),
-                None,
-            ),
+            None => {
+                let [batch, seq, hidden_size] = hidden.dims();
+                let logits = burn::tensor::module::linear(
+                    hidden.reshape([batch * seq, hidden_size]),
+                    self.model.embed_tokens.weight.val().transpose(),
+                    None,
+                );
+                let vocab = logits.dims()[1];
+                logits.reshape([batch, seq, vocab])
+            }
         }
     }
 }
@@ -344,15 +349,9 @@ impl Attention {
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let rep = heads / kv_heads;
 
-        let q = self
-            .q_proj
-            .forward(x.clone())
-            .reshape([batch, seq, heads, d]);
-        let k = self
-            .k_proj
-            .forward(x.clone())
-            .reshape([batch, seq, kv_heads, d]);
-        let v = self.v_proj.forward(x).reshape([batch, seq, kv_heads, d]);
+        let q = project(&self.q_proj, x.clone()).reshape([batch, seq, heads, d]);
+        let k = project(&self.k_proj, x.clone()).reshape([batch, seq, kv_heads, d]);
+        let v = project(&self.v_proj, x).reshape([batch, seq, kv_heads, d]);
         let q = rope.apply(q);
         let k = rope.apply(k);
 
@@ -387,14 +386,14 @@ impl Attention {
             .reshape([batch, kv_heads, rep, seq, d])
             .permute([0, 3, 1, 2, 4])
             .reshape([batch, seq, heads * d]);
-        self.o_proj.forward(out)
+        project(&self.o_proj, out)
     }
 }
 
 impl Mlp {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = silu(project(&self.gate_proj, x.clone()));
+        project(&self.down_proj, gate * project(&self.up_proj, x))
     }
 }
 
@@ -422,4 +421,17 @@ impl RmsNorm {
         };
         normed * self.weight.val().unsqueeze()
     }
+}
+
+/// Applies `layer` to `[batch, seq, in]` as one `[batch * seq, in]` product.
+///
+/// The `[out, in]` (`Col`) weight is a transposed view; Burn's linear on a 3-D input reshapes
+/// the weight to 3-D, and reshaping a transposed view makes Flex copy it into a contiguous
+/// buffer on every call: a per-use copy of every weight, every token. A 2-D product hands
+/// the strided view straight to the GEMM, which reads the adopted pages in place.
+fn project(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [batch, seq, d_in] = x.dims();
+    let y = layer.forward(x.reshape([batch * seq, d_in]));
+    let d_out = y.dims()[1];
+    y.reshape([batch, seq, d_out])
 }

@@ -22,7 +22,11 @@ pub const KNOWN: &[&str] = &["qwen2.5-coder-0.5b"];
 pub fn run(args: &FetchArgs) -> anyhow::Result<()> {
     let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     if !KNOWN.contains(&args.name.as_str()) {
-        bail!("unknown checkpoint `{}`; known: {}", args.name, KNOWN.join(", "));
+        bail!(
+            "unknown checkpoint `{}`; known: {}",
+            args.name,
+            KNOWN.join(", ")
+        );
     }
     let path = fetch_qwen25_coder_05b(&cache, true)?;
     println!("{}", path.display());
