@@ -1,1 +1,4 @@
-//! placeholder
+//! Policy and command-line tooling on top of the `burn-mapped` mechanism: the argument modules
+//! of the `burn-mapped` binary ([`cli`]).
+
+pub mod cli;
