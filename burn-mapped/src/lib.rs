@@ -38,6 +38,12 @@
 //! copies borrowed storage on every op (a per-use copy). On CubeCL backends `from_data` copies
 //! once into device memory: that is the *resident* placement, not adoption.
 //!
+//! # Converting
+//!
+//! [`convert`] turns Hugging Face safetensors (single or sharded) and Burn burnpack files into
+//! stores, streaming each tensor from a read-only mapping of the input, with an optional rename
+//! hook and float cast. [`verify_dir`] re-hashes a store file by file.
+//!
 //! # Read-only
 //!
 //! Nothing writes mapped bytes: the pages are `PROT_READ`, and Burn's requests for mutable
@@ -49,6 +55,7 @@
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod burn_store;
+pub mod convert;
 mod dtype;
 mod error;
 pub mod gguf;
@@ -72,5 +79,5 @@ pub use manifest::{
 pub use map::MappedFile;
 pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
 pub use recorder::MappedRecorder;
-pub use store::{MappedStore, OpenOptions};
+pub use store::{MappedStore, OpenOptions, verify_dir};
 pub use writer::{StoreWriter, TensorSink, TensorSpec};

@@ -189,6 +189,31 @@ impl MappedStore {
     }
 }
 
+/// Checks the store at `dir` tensor by tensor without opening it as a whole, so that one
+/// missing or short file does not hide the others: each file is opened, mapped, hashed and
+/// unmapped in turn. `each` is called after every tensor with its outcome.
+///
+/// Returns every problem found (empty when the store is intact): missing, short or unreadable
+/// files, checksum mismatches and dirty padding.
+///
+/// # Errors
+///
+/// Only when the manifest itself cannot be read or is invalid.
+pub fn verify_dir(
+    dir: impl AsRef<Path>,
+    mut each: impl FnMut(&TensorEntry, Option<&StoreError>),
+) -> Result<Vec<StoreError>, StoreError> {
+    let dir = dir.as_ref();
+    let manifest = Manifest::read(dir)?;
+    let mut problems = Vec::new();
+    for entry in manifest.tensors() {
+        let outcome = MappedFile::open(dir, entry).and_then(|file| verify_one(entry, &file));
+        each(entry, outcome.as_ref().err());
+        problems.extend(outcome.err());
+    }
+    Ok(problems)
+}
+
 /// Hashes one mapped file and checks its padding.
 pub(crate) fn verify_one(entry: &TensorEntry, file: &MappedFile) -> Result<(), StoreError> {
     let actual = xxh3_64(file.bytes());

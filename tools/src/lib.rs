@@ -5,6 +5,5 @@
 pub mod cli;
 pub mod fetch;
 pub mod probe;
-pub mod progress;
 pub mod qwen;
 pub mod select;

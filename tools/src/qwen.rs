@@ -103,7 +103,8 @@ pub fn resolve(
     Ok(ModelPaths { store, gguf })
 }
 
-/// Converts a Qwen2 GGUF into a store at `store` (module paths = Hugging Face names).
+/// Converts a GGUF into a store at `store`. Qwen2 tensors take this project's module paths
+/// (the Hugging Face names); other architectures keep GGUF's names.
 pub fn convert(
     gguf: &Path,
     store: &Path,
@@ -111,7 +112,14 @@ pub fn convert(
     progress: Option<&mut dyn FnMut(u64, u64, &str)>,
 ) -> Result<burn_mapped::Manifest, QwenError> {
     let mapped = MappedGguf::open(gguf)?;
-    let rename = |name: &str| hf_name(name);
+    let is_qwen2 = mapped.gguf().architecture().is_ok_and(|a| a == "qwen2");
+    let rename = |name: &str| {
+        if is_qwen2 {
+            hf_name(name)
+        } else {
+            Some(name.to_string())
+        }
+    };
     Ok(gguf_to_store(
         &mapped,
         store,

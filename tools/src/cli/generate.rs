@@ -89,10 +89,14 @@ pub fn parse_store_dtype(name: &str) -> anyhow::Result<DType> {
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let dtype = parse_store_dtype(&args.dtype)?;
-    let mut bar = crate::progress::ByteBar::new("converting", !args.json);
-    let mut progress = |done: u64, total: u64, name: &str| bar.update(done, total, name);
+    let bar = super::progress::bytes_bar(0, "converting", args.json);
+    let mut progress = |done: u64, total: u64, name: &str| {
+        bar.set_length(total);
+        bar.set_position(done);
+        bar.set_message(name.to_string());
+    };
     let paths = qwen::resolve(&args.model, dtype, &cache, Some(&mut progress))?;
-    drop(bar);
+    bar.finish_and_clear();
 
     let tokenizer = qwen::load_tokenizer(&paths)?;
     let device = Device::default();

@@ -1,0 +1,175 @@
+//! Float casts between f64, f32, f16 and bf16, all rounding to nearest, ties to even.
+//!
+//! Widening casts (f16/bf16 -> f32, anything -> f64) are exact. Narrowing casts round once:
+//!
+//! - f64 -> f32 is Rust's `as`, which rounds to nearest even.
+//! - f32 -> f16 / bf16 is `half`'s `from_f32` (software, or x86 F16C in its default rounding
+//!   mode); both round to nearest even over all 23 fraction bits.
+//! - f16 <-> bf16 widens to f32 (exact) and narrows once.
+//! - f64 -> f16 / bf16 does **not** use `half::f16::from_f64`: that function drops the low 32
+//!   fraction bits before rounding, so a value just above a tie (`1 + 2^-11 + 2^-40`) rounds
+//!   down. Instead the value is first narrowed to f32 with round-to-odd, which keeps enough
+//!   information (24 bits >= 11 + 2) for the second rounding to give the correctly rounded
+//!   result (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums: proved
+//!   algorithms using rounding to odd", IEEE TC 2008).
+//!
+//! Overflow gives a signed infinity, underflow a subnormal or signed zero, and NaN stays NaN
+//! (quieted, sign kept).
+
+use burn::tensor::DType;
+use half::{bf16, f16};
+
+/// Float dtypes a converter can cast to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CastTo {
+    /// 32-bit IEEE float.
+    F32,
+    /// 16-bit IEEE float (5 exponent bits).
+    F16,
+    /// bfloat16 (8 exponent bits, 7 fraction bits).
+    BF16,
+}
+
+impl CastTo {
+    /// Burn's dtype for this target.
+    pub fn dtype(self) -> DType {
+        match self {
+            CastTo::F32 => DType::F32,
+            CastTo::F16 => DType::F16,
+            CastTo::BF16 => DType::BF16,
+        }
+    }
+
+    /// The manifest spelling (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CastTo::F32 => "f32",
+            CastTo::F16 => "f16",
+            CastTo::BF16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for CastTo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `name` was not one of `f32`, `f16`, `bf16`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a cast target (expected f32, f16 or bf16)")]
+pub struct ParseCastError(pub String);
+
+impl std::str::FromStr for CastTo {
+    type Err = ParseCastError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(CastTo::F32),
+            "f16" | "float16" | "half" => Ok(CastTo::F16),
+            "bf16" | "bfloat16" => Ok(CastTo::BF16),
+            _ => Err(ParseCastError(s.to_string())),
+        }
+    }
+}
+
+/// Whether values of `dtype` are floats a cast applies to.
+pub(crate) fn is_castable_float(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::F64 | DType::F32 | DType::Flex32 | DType::F16 | DType::BF16
+    )
+}
+
+/// f64 -> f32 rounding to odd: truncate toward zero, and if anything was lost set the last
+/// fraction bit. Only used as the first step of a double rounding (see module docs).
+fn f64_to_f32_round_odd(x: f64) -> f32 {
+    let nearest = x as f32;
+    if nearest.is_nan() || f64::from(nearest) == x {
+        return nearest;
+    }
+    // Inexact: step back toward zero if round-to-nearest went away from it.
+    let truncated = if f64::from(nearest).abs() > x.abs() {
+        f32::from_bits(nearest.to_bits() - 1)
+    } else {
+        nearest
+    };
+    f32::from_bits(truncated.to_bits() | 1)
+}
+
+fn f64_to_f16(x: f64) -> f16 {
+    f16::from_f32(f64_to_f32_round_odd(x))
+}
+
+fn f64_to_bf16(x: f64) -> bf16 {
+    bf16::from_f32(f64_to_f32_round_odd(x))
+}
+
+fn chunks<const N: usize>(input: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    input
+        .chunks_exact(N)
+        .map(|c| c.try_into().expect("chunks_exact yields N bytes"))
+}
+
+/// Appends the cast of `input` (little-endian elements of `from`) to `out` as `to`.
+///
+/// `from` must be a castable float and `input.len()` a multiple of its size (the caller
+/// checks both); the input needs no alignment.
+pub(crate) fn cast_into(from: DType, to: CastTo, input: &[u8], out: &mut Vec<u8>) {
+    macro_rules! each {
+        ($n:literal, $decode:expr) => {
+            for bytes in chunks::<$n>(input) {
+                let v = $decode(bytes);
+                out.extend_from_slice(&v);
+            }
+        };
+    }
+    match (from, to) {
+        (DType::F64, CastTo::F32) => each!(8, |b| (f64::from_le_bytes(b) as f32).to_le_bytes()),
+        (DType::F64, CastTo::F16) => each!(8, |b| f64_to_f16(f64::from_le_bytes(b)).to_le_bytes()),
+        (DType::F64, CastTo::BF16) => {
+            each!(8, |b| f64_to_bf16(f64::from_le_bytes(b)).to_le_bytes())
+        }
+        (DType::F32 | DType::Flex32, CastTo::F32) => out.extend_from_slice(input),
+        (DType::F32 | DType::Flex32, CastTo::F16) => {
+            each!(4, |b| f16::from_f32(f32::from_le_bytes(b)).to_le_bytes())
+        }
+        (DType::F32 | DType::Flex32, CastTo::BF16) => {
+            each!(4, |b| bf16::from_f32(f32::from_le_bytes(b)).to_le_bytes())
+        }
+        (DType::F16, CastTo::F32) => each!(2, |b| f16::from_le_bytes(b).to_f32().to_le_bytes()),
+        (DType::F16, CastTo::F16) | (DType::BF16, CastTo::BF16) => out.extend_from_slice(input),
+        (DType::F16, CastTo::BF16) => {
+            each!(2, |b| bf16::from_f32(f16::from_le_bytes(b).to_f32())
+                .to_le_bytes())
+        }
+        (DType::BF16, CastTo::F32) => each!(2, |b| bf16::from_le_bytes(b).to_f32().to_le_bytes()),
+        (DType::BF16, CastTo::F16) => {
+            each!(2, |b| f16::from_f32(bf16::from_le_bytes(b).to_f32())
+                .to_le_bytes())
+        }
+        (other, _) => unreachable!("cast_into called with non-float dtype {other:?}"),
+    }
+}
+
+// Unit tests because the round-to-odd step is private; the public behaviour is tested
+// end to end in tests/convert.rs.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_to_odd_truncates_and_marks_inexact_results() {
+        // Exact values pass through.
+        assert_eq!(f64_to_f32_round_odd(1.5), 1.5);
+        // 1 + 2^-30 is between 1 and 1 + 2^-23: truncate to 1, then set the last bit.
+        let x = 1.0 + 2f64.powi(-30);
+        assert_eq!(f64_to_f32_round_odd(x).to_bits(), 1.0f32.to_bits() | 1);
+        // Just below 1 + 2^-23 (nearest would round up): still truncated, then odd.
+        let y = 1.0 + 2f64.powi(-23) - 2f64.powi(-40);
+        assert_eq!(f64_to_f32_round_odd(y).to_bits(), 1.0f32.to_bits() | 1);
+        // Negative values mirror.
+        assert_eq!(f64_to_f32_round_odd(-y).to_bits(), (-1.0f32).to_bits() | 1);
+    }
+}

@@ -1,0 +1,505 @@
+//! Converters from other checkpoint formats into a store.
+//!
+//! Each input format has a module that opens and validates the input and lists its tensors as
+//! [`SourceTensor`]s borrowing a read-only mapping of the input file; [`write_tensors`] then
+//! streams them into a [`StoreWriter`], applying the [`ConvertOptions`]: a rename hook (which
+//! may drop tensors), an optional float cast ([`CastTo`], rounding to nearest even, see
+//! [`cast`](self#casting)), and a progress callback. Nothing is copied into memory whole:
+//! tensor bytes go from the input's page cache through a small buffer into the tensor file.
+//!
+//! - [`from_safetensors`] / [`SafetensorsInput`]: a Hugging Face `.safetensors` file, a sharded
+//!   checkpoint's `*.safetensors.index.json`, or a directory of shards.
+//! - [`from_burnpack`] / [`BurnpackInput`]: Burn's own `.bpk`, keeping parameter ids.
+//!
+//! # Casting
+//!
+//! With [`ConvertOptions::cast`], every float tensor (f64, f32, f16, bf16) is stored as the
+//! target type; integer and bool tensors are kept as they are. Narrowing rounds to nearest,
+//! ties to even, overflow gives infinity and NaN stays NaN; f64 -> f16/bf16 is rounded once,
+//! correctly (not through a double rounding).
+//!
+//! # Safety hazard
+//!
+//! Inputs are memory-mapped. If another program truncates an input file during a conversion,
+//! reading the lost pages raises `SIGBUS`; if it rewrites the file, the store receives whatever
+//! bytes were read (its checksums describe those bytes, so the store stays self-consistent).
+
+mod burnpack;
+mod cast;
+mod safetensors;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{BoolStore, DType};
+
+use crate::dtype::dtype_name;
+use crate::error::StoreError;
+use crate::manifest::Manifest;
+use crate::writer::{StoreWriter, TensorSpec};
+
+pub use burnpack::{BurnpackInput, from_burnpack};
+pub use cast::{CastTo, ParseCastError};
+pub use safetensors::{SafetensorsInput, from_safetensors};
+
+/// Input bytes handled per step: bounds the cast buffer and sets the progress granularity.
+pub const CHUNK_BYTES: usize = 8 << 20;
+
+const _: () = assert!(
+    CHUNK_BYTES.is_multiple_of(8),
+    "chunks must never split an element"
+);
+
+/// The rename hook: a tensor's input name to its store name, or `None` to drop it.
+pub type RenameFn = dyn Fn(&str) -> Option<String>;
+
+/// The progress callback.
+pub type ProgressFn = dyn FnMut(&Progress<'_>);
+
+/// How far a conversion has got, in input bytes of the tensors being converted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress<'a> {
+    /// Input bytes read so far.
+    pub done_bytes: u64,
+    /// Input bytes of every tensor to convert (dropped tensors excluded).
+    pub total_bytes: u64,
+    /// Input name of the tensor being converted.
+    pub tensor: &'a str,
+}
+
+/// What to do to each tensor on its way into the store. The default keeps every tensor, its
+/// name and dtype, and reports nothing.
+#[derive(Default)]
+pub struct ConvertOptions {
+    rename: Option<Box<RenameFn>>,
+    cast: Option<CastTo>,
+    progress: Option<Box<ProgressFn>>,
+}
+
+impl std::fmt::Debug for ConvertOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvertOptions")
+            .field("rename", &self.rename.is_some())
+            .field("cast", &self.cast)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl ConvertOptions {
+    /// Maps each input name to its store name; returning `None` drops the tensor (an
+    /// unsupported dtype is not an error for a dropped tensor).
+    pub fn rename(mut self, rename: impl Fn(&str) -> Option<String> + 'static) -> Self {
+        self.rename = Some(Box::new(rename));
+        self
+    }
+
+    /// Stores every float tensor as `target`; integers and bools are kept.
+    pub fn cast(mut self, target: CastTo) -> Self {
+        self.cast = Some(target);
+        self
+    }
+
+    /// Called after each chunk of input is written (at most [`CHUNK_BYTES`] apart) and once
+    /// per tensor, including empty ones.
+    pub fn progress(mut self, progress: impl FnMut(&Progress<'_>) + 'static) -> Self {
+        self.progress = Some(Box::new(progress));
+        self
+    }
+
+    /// The cast target, if any.
+    pub fn cast_target(&self) -> Option<CastTo> {
+        self.cast
+    }
+}
+
+/// An input element type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceDType {
+    /// A type the store can hold.
+    Known(DType),
+    /// One it cannot, spelled as the input spells it (`F8_E4M3`). Converting such a tensor is
+    /// an error unless the rename hook drops it.
+    Unsupported(String),
+}
+
+/// One input tensor, its bytes borrowed from the input's mapping.
+#[derive(Debug, Clone)]
+pub struct SourceTensor<'a> {
+    /// The input file it comes from (for messages).
+    pub file: &'a Path,
+    /// Its name in the input.
+    pub name: String,
+    /// Element type.
+    pub dtype: SourceDType,
+    /// Shape, row-major.
+    pub shape: Vec<usize>,
+    /// Burn parameter id, if the input records one.
+    pub param_id: Option<u64>,
+    /// Little-endian element bytes, exactly shape x element size (no alignment assumed).
+    pub data: &'a [u8],
+}
+
+/// Counts of what a conversion did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConvertSummary {
+    /// Tensors written to the store.
+    pub written: usize,
+    /// Input names the rename hook dropped, in input order.
+    pub dropped: Vec<String>,
+    /// Tensors stored under a different name.
+    pub renamed: usize,
+    /// Tensors whose dtype was changed by the cast.
+    pub cast: usize,
+    /// Input bytes of the written tensors.
+    pub source_bytes: u64,
+    /// Logical bytes written (differs from `source_bytes` when casting).
+    pub stored_bytes: u64,
+}
+
+/// Errors from converting an input into a store. Every variant names the input file, and the
+/// tensor where there is one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConvertError {
+    /// The input could not be opened, listed or mapped.
+    #[error("{}: {source}", file.display())]
+    Open {
+        /// Input path.
+        file: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// A safetensors file is shorter than its header says.
+    #[error("{}: truncated: the header implies {expected} bytes, the file has {actual}", file.display())]
+    Truncated {
+        /// Input file.
+        file: PathBuf,
+        /// Length the header implies (at least 8 when the length prefix itself is cut).
+        expected: u64,
+        /// Actual length.
+        actual: u64,
+    },
+    /// A safetensors file is longer than its header says.
+    #[error("{}: {} bytes after the last tensor (the header implies {expected} bytes, the file has {actual})", file.display(), actual - expected)]
+    TrailingBytes {
+        /// Input file.
+        file: PathBuf,
+        /// Length the header implies.
+        expected: u64,
+        /// Actual length.
+        actual: u64,
+    },
+    /// The safetensors crate rejected a file's header.
+    #[error("{}: invalid safetensors file: {source}", file.display())]
+    Safetensors {
+        /// Input file.
+        file: PathBuf,
+        /// The crate's error.
+        source: ::safetensors::SafeTensorError,
+    },
+    /// Burn's burnpack reader rejected the file.
+    #[error("{}: invalid burnpack file: {source}", file.display())]
+    Burnpack {
+        /// Input file.
+        file: PathBuf,
+        /// Burn's error.
+        source: burn::store::burn_pack::Error,
+    },
+    /// A sharded checkpoint's index is not valid JSON of the expected shape.
+    #[error("{}: malformed safetensors index: {source}", file.display())]
+    IndexSyntax {
+        /// Index file.
+        file: PathBuf,
+        /// Parser error.
+        source: serde_json::Error,
+    },
+    /// The index names a shard that is not a plain file name next to it.
+    #[error("{}: shard `{shard}` is not a file name in the index's directory", file.display())]
+    UnsafeShardName {
+        /// Index file.
+        file: PathBuf,
+        /// The shard name as found (escaped).
+        shard: String,
+    },
+    /// The index and a shard disagree about which tensors the shard holds.
+    #[error("tensor `{tensor}`: {reason} (shard {}, index {})", shard.display(), index.display())]
+    ShardMismatch {
+        /// Index file.
+        index: PathBuf,
+        /// Shard file.
+        shard: PathBuf,
+        /// Tensor.
+        tensor: String,
+        /// What disagrees.
+        reason: &'static str,
+    },
+    /// A directory holds no safetensors file, or several index files.
+    #[error("{}: {reason}", dir.display())]
+    NoInput {
+        /// The directory given.
+        dir: PathBuf,
+        /// Why nothing could be chosen.
+        reason: String,
+    },
+    /// An element type the store cannot hold.
+    #[error("{}: tensor `{tensor}` has dtype {dtype}, which a store cannot hold (drop it with a rename hook)", file.display())]
+    UnsupportedDType {
+        /// Input file.
+        file: PathBuf,
+        /// Tensor (input name).
+        tensor: String,
+        /// The dtype as the input spells it.
+        dtype: String,
+    },
+    /// A bool tensor holds a byte other than 0 or 1 (reading it as bool would be undefined).
+    #[error("{}: tensor `{tensor}` is bool but element {index} is the byte {value:#04x}", file.display())]
+    InvalidBool {
+        /// Input file.
+        file: PathBuf,
+        /// Tensor.
+        tensor: String,
+        /// Element index.
+        index: u64,
+        /// The byte found.
+        value: u8,
+    },
+    /// A source tensor's bytes do not match its shape and dtype (a bug in a format reader).
+    #[error("{}: tensor `{tensor}` has {actual} bytes, its shape and dtype need {expected:?}", file.display())]
+    LengthMismatch {
+        /// Input file.
+        file: PathBuf,
+        /// Tensor.
+        tensor: String,
+        /// Bytes needed, `None` on overflow.
+        expected: Option<u64>,
+        /// Bytes given.
+        actual: u64,
+    },
+    /// Two input tensors would get the same store name.
+    #[error("tensor `{tensor}` would be written twice: from `{first}` ({}) and from `{second}` ({})", first_file.display(), second_file.display())]
+    DuplicateTensor {
+        /// Store name.
+        tensor: String,
+        /// First input name.
+        first: String,
+        /// Its file.
+        first_file: PathBuf,
+        /// Second input name.
+        second: String,
+        /// Its file.
+        second_file: PathBuf,
+    },
+    /// Writing one tensor into the store failed.
+    #[error("{}: tensor `{tensor}`: {source}", file.display())]
+    Write {
+        /// Input file.
+        file: PathBuf,
+        /// Tensor (input name).
+        tensor: String,
+        /// The store's error (boxed: it is large and rare).
+        source: Box<StoreError>,
+    },
+    /// Creating or publishing the store failed.
+    #[error(transparent)]
+    Store(Box<StoreError>),
+}
+
+impl From<StoreError> for ConvertError {
+    fn from(error: StoreError) -> Self {
+        ConvertError::Store(Box::new(error))
+    }
+}
+
+struct Planned<'a> {
+    source: SourceTensor<'a>,
+    dtype: DType,
+    out_name: String,
+    out_dtype: DType,
+}
+
+fn element_count(shape: &[usize]) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+}
+
+/// Checks every tensor, applies the rename hook, and decides each output dtype, before any
+/// byte is written: a bad input fails without leaving work behind.
+fn plan<'a>(
+    tensors: impl IntoIterator<Item = SourceTensor<'a>>,
+    options: &ConvertOptions,
+    summary: &mut ConvertSummary,
+) -> Result<Vec<Planned<'a>>, ConvertError> {
+    let mut planned: Vec<Planned<'a>> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for source in tensors {
+        let out_name = match &options.rename {
+            Some(rename) => match rename(&source.name) {
+                Some(name) => name,
+                None => {
+                    summary.dropped.push(source.name);
+                    continue;
+                }
+            },
+            None => source.name.clone(),
+        };
+        let dtype = match &source.dtype {
+            SourceDType::Known(d) if dtype_name(*d).is_some() => match d {
+                // One spelling per type in the store.
+                DType::Flex32 => DType::F32,
+                DType::Bool(_) => DType::Bool(BoolStore::Native),
+                d => *d,
+            },
+            SourceDType::Known(d) => {
+                return Err(ConvertError::UnsupportedDType {
+                    file: source.file.to_path_buf(),
+                    tensor: source.name,
+                    dtype: format!("{d:?}"),
+                });
+            }
+            SourceDType::Unsupported(name) => {
+                return Err(ConvertError::UnsupportedDType {
+                    file: source.file.to_path_buf(),
+                    tensor: source.name.clone(),
+                    dtype: name.clone(),
+                });
+            }
+        };
+        let expected =
+            element_count(&source.shape).and_then(|n| n.checked_mul(dtype.size() as u64));
+        if expected != Some(source.data.len() as u64) {
+            return Err(ConvertError::LengthMismatch {
+                file: source.file.to_path_buf(),
+                tensor: source.name,
+                expected,
+                actual: source.data.len() as u64,
+            });
+        }
+        if let Some(&i) = seen.get(&out_name) {
+            let first = &planned[i].source;
+            return Err(ConvertError::DuplicateTensor {
+                tensor: out_name,
+                first: first.name.clone(),
+                first_file: first.file.to_path_buf(),
+                second: source.name,
+                second_file: source.file.to_path_buf(),
+            });
+        }
+        let out_dtype = match options.cast {
+            Some(target) if cast::is_castable_float(dtype) => target.dtype(),
+            _ => dtype,
+        };
+        seen.insert(out_name.clone(), planned.len());
+        planned.push(Planned {
+            source,
+            dtype,
+            out_name,
+            out_dtype,
+        });
+    }
+    Ok(planned)
+}
+
+/// Streams `tensors` into `writer` as [`ConvertOptions`] says, in the order given.
+///
+/// All tensors are checked (dtype, length, bool bytes, duplicate names after renaming) before
+/// the first is written. The writer is left open so the caller can add metadata and
+/// [`finish`](StoreWriter::finish) it; on error, dropping it removes the partial store.
+pub fn write_tensors<'a>(
+    writer: &mut StoreWriter,
+    tensors: impl IntoIterator<Item = SourceTensor<'a>>,
+    options: &mut ConvertOptions,
+) -> Result<ConvertSummary, ConvertError> {
+    let mut summary = ConvertSummary::default();
+    let planned = plan(tensors, options, &mut summary)?;
+    for p in &planned {
+        if p.dtype.is_bool()
+            && let Some(index) = p.source.data.iter().position(|&b| b > 1)
+        {
+            return Err(ConvertError::InvalidBool {
+                file: p.source.file.to_path_buf(),
+                tensor: p.source.name.clone(),
+                index: index as u64,
+                value: p.source.data[index],
+            });
+        }
+    }
+    let total_bytes: u64 = planned.iter().map(|p| p.source.data.len() as u64).sum();
+    let mut done_bytes = 0u64;
+    let mut buffer = Vec::new();
+    for p in planned {
+        let Planned {
+            source,
+            dtype,
+            out_name,
+            out_dtype,
+        } = p;
+        let mut spec = TensorSpec::new(out_name.clone(), out_dtype, source.shape.clone());
+        if let Some(id) = source.param_id {
+            spec = spec.param_id(id);
+        }
+        let cast = (out_dtype != dtype)
+            .then(|| options.cast.expect("out dtype differs only when casting"));
+        let progress = &mut options.progress;
+        let mut report = |done: u64| {
+            if let Some(progress) = progress.as_mut() {
+                progress(&Progress {
+                    done_bytes: done,
+                    total_bytes,
+                    tensor: &source.name,
+                });
+            }
+        };
+        let result = writer.add_with(spec, |sink| {
+            for chunk in source.data.chunks(CHUNK_BYTES) {
+                match cast {
+                    Some(target) => {
+                        buffer.clear();
+                        cast::cast_into(dtype, target, chunk, &mut buffer);
+                        sink.write_all(&buffer)?;
+                    }
+                    None => sink.write_all(chunk)?,
+                }
+                done_bytes += chunk.len() as u64;
+                report(done_bytes);
+            }
+            if source.data.is_empty() {
+                report(done_bytes);
+            }
+            Ok(())
+        });
+        result.map_err(|e| ConvertError::Write {
+            file: source.file.to_path_buf(),
+            tensor: source.name.clone(),
+            source: Box::new(e),
+        })?;
+        summary.written += 1;
+        summary.renamed += usize::from(out_name != source.name);
+        summary.cast += usize::from(cast.is_some());
+        summary.source_bytes += source.data.len() as u64;
+        summary.stored_bytes += element_count(&source.shape).unwrap_or(0) * out_dtype.size() as u64;
+    }
+    Ok(summary)
+}
+
+/// Creates a store at `out` from `tensors` with `metadata`, publishing it only if every tensor
+/// converts.
+fn convert_into<'a>(
+    out: &Path,
+    tensors: impl IntoIterator<Item = SourceTensor<'a>>,
+    metadata: impl IntoIterator<Item = (String, String)>,
+    options: &mut ConvertOptions,
+) -> Result<(Manifest, ConvertSummary), ConvertError> {
+    let mut writer = StoreWriter::create(out)?;
+    for (key, value) in metadata {
+        writer.metadata(key, value);
+    }
+    if let Some(target) = options.cast {
+        writer.metadata("convert.cast", target.name());
+    }
+    let summary = write_tensors(&mut writer, tensors, options)?;
+    let manifest = writer.finish()?;
+    Ok((manifest, summary))
+}

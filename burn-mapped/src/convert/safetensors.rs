@@ -1,0 +1,336 @@
+//! Hugging Face safetensors input: one file, a sharded checkpoint's index, or a directory of
+//! shards.
+//!
+//! Each file is mapped read-only and its header validated by the `safetensors` crate
+//! (`SafeTensors::read_metadata`: offsets contiguous from 0, sizes exact, data ending at end of
+//! file). Tensors are listed in file order, shard by shard.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use ::safetensors::tensor::Metadata;
+use ::safetensors::{Dtype, SafeTensorError, SafeTensors};
+use burn::tensor::{BoolStore, DType};
+use memmap2::{Advice, Mmap};
+use serde::Deserialize;
+
+use super::{
+    ConvertError, ConvertOptions, ConvertSummary, SourceDType, SourceTensor, convert_into,
+};
+use crate::manifest::Manifest;
+
+/// Suffix of a sharded checkpoint's index file.
+pub const INDEX_SUFFIX: &str = ".safetensors.index.json";
+
+/// One opened, validated safetensors file.
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+/// An opened safetensors checkpoint: every file mapped and its header validated.
+pub struct SafetensorsInput {
+    shards: Vec<Shard>,
+}
+
+impl std::fmt::Debug for SafetensorsInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsInput")
+            .field(
+                "files",
+                &self.shards.iter().map(|s| &s.path).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct Index {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl SafetensorsInput {
+    /// Opens `path`: a `.safetensors` file, a `*.safetensors.index.json` (its shards are read
+    /// from the same directory), or a directory holding either one index file or shards (all
+    /// `*.safetensors` files, in name order).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, ConvertError> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Self::open_dir(path);
+        }
+        if path.to_string_lossy().ends_with(".index.json") {
+            return Self::open_index(path);
+        }
+        Ok(Self {
+            shards: vec![open_shard(path)?],
+        })
+    }
+
+    fn open_dir(dir: &Path) -> Result<Self, ConvertError> {
+        let io = |source| ConvertError::Open {
+            file: dir.to_path_buf(),
+            source,
+        };
+        let mut indexes = Vec::new();
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.ends_with(INDEX_SUFFIX) {
+                indexes.push(path);
+            } else if name.ends_with(".safetensors") && path.is_file() {
+                files.push(path);
+            }
+        }
+        match indexes.len() {
+            0 => {}
+            1 => return Self::open_index(&indexes[0]),
+            _ => {
+                indexes.sort();
+                return Err(ConvertError::NoInput {
+                    dir: dir.to_path_buf(),
+                    reason: format!(
+                        "several index files ({}); name the one to convert",
+                        indexes
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
+        if files.is_empty() {
+            return Err(ConvertError::NoInput {
+                dir: dir.to_path_buf(),
+                reason: "no .safetensors file or index in this directory".into(),
+            });
+        }
+        files.sort();
+        let shards = files
+            .iter()
+            .map(|p| open_shard(p))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { shards })
+    }
+
+    fn open_index(index_path: &Path) -> Result<Self, ConvertError> {
+        let bytes = std::fs::read(index_path).map_err(|source| ConvertError::Open {
+            file: index_path.to_path_buf(),
+            source,
+        })?;
+        let index: Index =
+            serde_json::from_slice(&bytes).map_err(|source| ConvertError::IndexSyntax {
+                file: index_path.to_path_buf(),
+                source,
+            })?;
+        let dir = index_path.parent().unwrap_or(Path::new("."));
+        // Shard name -> the tensors the index places in it.
+        let mut by_shard: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for (tensor, shard) in &index.weight_map {
+            by_shard.entry(shard).or_default().insert(tensor);
+        }
+        let mut shards = Vec::with_capacity(by_shard.len());
+        for (name, listed) in by_shard {
+            if !is_plain_file_name(name) {
+                return Err(ConvertError::UnsafeShardName {
+                    file: index_path.to_path_buf(),
+                    shard: name.escape_debug().to_string(),
+                });
+            }
+            let shard = open_shard(&dir.join(name))?;
+            let mismatch = |tensor: &str, reason| ConvertError::ShardMismatch {
+                index: index_path.to_path_buf(),
+                shard: shard.path.clone(),
+                tensor: tensor.to_string(),
+                reason,
+            };
+            for &tensor in &listed {
+                if shard.metadata.info(tensor).is_none() {
+                    return Err(mismatch(
+                        tensor,
+                        "the index places it in this shard, which lacks it",
+                    ));
+                }
+            }
+            for tensor in shard.metadata.offset_keys() {
+                if !listed.contains(tensor.as_str()) {
+                    return Err(mismatch(
+                        &tensor,
+                        "in the shard but not listed for it in the index",
+                    ));
+                }
+            }
+            shards.push(shard);
+        }
+        Ok(Self { shards })
+    }
+
+    /// The input files, in conversion order.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|s| s.path.as_path())
+    }
+
+    /// Every tensor, shard by shard in file order. Unsupported dtypes (F8, F4, C64, ...) are
+    /// listed as [`SourceDType::Unsupported`].
+    pub fn tensors(&self) -> Vec<SourceTensor<'_>> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let bytes: &[u8] = &shard.map;
+            for name in shard.metadata.offset_keys() {
+                let info = shard
+                    .metadata
+                    .info(&name)
+                    .expect("offset_keys lists known names");
+                let (start, end) = info.data_offsets;
+                // In bounds: read_metadata checked that the offsets tile the data section,
+                // which ends exactly at the end of the file.
+                let data = &bytes[shard.data_start + start..shard.data_start + end];
+                out.push(SourceTensor {
+                    file: &shard.path,
+                    name,
+                    dtype: burn_dtype(info.dtype),
+                    shape: info.shape.clone(),
+                    param_id: None,
+                    data,
+                });
+            }
+        }
+        out
+    }
+
+    /// The files' `__metadata__` entries, each key prefixed with `safetensors.`. When shards
+    /// disagree on a key, the first shard's value is kept.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for shard in &self.shards {
+            for (k, v) in shard.metadata.metadata().iter().flatten() {
+                out.entry(format!("safetensors.{k}"))
+                    .or_insert_with(|| v.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Converts the safetensors checkpoint at `input` into a new store at `out`.
+///
+/// The store's metadata records `convert.source = safetensors`, the cast target if any, and
+/// the input's `__metadata__` (see [`SafetensorsInput::metadata`]).
+pub fn from_safetensors(
+    input: impl AsRef<Path>,
+    out: impl AsRef<Path>,
+    options: &mut ConvertOptions,
+) -> Result<(Manifest, ConvertSummary), ConvertError> {
+    let input = SafetensorsInput::open(input)?;
+    let mut metadata = input.metadata();
+    metadata.insert("convert.source".into(), "safetensors".into());
+    convert_into(out.as_ref(), input.tensors(), metadata, options)
+}
+
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && !name.chars().any(char::is_control)
+}
+
+fn burn_dtype(dtype: Dtype) -> SourceDType {
+    SourceDType::Known(match dtype {
+        Dtype::BOOL => DType::Bool(BoolStore::Native),
+        Dtype::U8 => DType::U8,
+        Dtype::I8 => DType::I8,
+        Dtype::U16 => DType::U16,
+        Dtype::I16 => DType::I16,
+        Dtype::U32 => DType::U32,
+        Dtype::I32 => DType::I32,
+        Dtype::U64 => DType::U64,
+        Dtype::I64 => DType::I64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        other => return SourceDType::Unsupported(format!("{other:?}")),
+    })
+}
+
+/// Length of the safetensors length prefix.
+const PREFIX: usize = 8;
+
+fn open_shard(path: &Path) -> Result<Shard, ConvertError> {
+    let io = |source| ConvertError::Open {
+        file: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < PREFIX as u64 {
+        return Err(ConvertError::Truncated {
+            file: path.to_path_buf(),
+            expected: PREFIX as u64,
+            actual: len,
+        });
+    }
+    // SAFETY: a read-only shared mapping; the hazard of the file changing underneath is
+    // documented on the convert module. Every access goes through slices bounded by the
+    // length checked here and by the validated header.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    // Best effort: a hint for the kernel's read-ahead; failure changes nothing but speed.
+    let _ = map.advise(Advice::Sequential);
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(&map).map_err(|e| size_error(path, &map, e))?;
+    Ok(Shard {
+        path: path.to_path_buf(),
+        data_start: PREFIX + header_len,
+        map,
+        metadata,
+    })
+}
+
+/// Turns the crate's "buffer does not match" errors into a precise truncation or trailing-bytes
+/// error when the header can tell how long the file should be.
+fn size_error(path: &Path, bytes: &[u8], error: SafeTensorError) -> ConvertError {
+    let actual = bytes.len() as u64;
+    let prefix = u64::from_le_bytes(bytes[..PREFIX].try_into().expect("length checked"));
+    let expected = match error {
+        SafeTensorError::InvalidHeaderLength => PREFIX as u64 + prefix,
+        SafeTensorError::MetadataIncompleteBuffer => {
+            let header = &bytes[PREFIX..PREFIX + prefix as usize];
+            match serde_json::from_slice::<Metadata>(header) {
+                Ok(metadata) => PREFIX as u64 + prefix + metadata.data_len() as u64,
+                Err(_) => {
+                    return ConvertError::Safetensors {
+                        file: path.to_path_buf(),
+                        source: error,
+                    };
+                }
+            }
+        }
+        _ => {
+            return ConvertError::Safetensors {
+                file: path.to_path_buf(),
+                source: error,
+            };
+        }
+    };
+    if expected > actual {
+        ConvertError::Truncated {
+            file: path.to_path_buf(),
+            expected,
+            actual,
+        }
+    } else {
+        ConvertError::TrailingBytes {
+            file: path.to_path_buf(),
+            expected,
+            actual,
+        }
+    }
+}

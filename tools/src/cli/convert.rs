@@ -1,0 +1,171 @@
+//! `burn-mapped convert`: turn a checkpoint into a store.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use burn_mapped::convert::{CastTo, ConvertOptions, ConvertSummary, Progress};
+use indicatif::HumanBytes;
+
+use super::progress::bytes_bar;
+
+/// Convert a checkpoint into a burn-mapped store.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ConvertArgs {
+    /// A `.safetensors` file, a sharded checkpoint's `*.safetensors.index.json` or its
+    /// directory, or a burnpack `.bpk` file.
+    pub input: PathBuf,
+    /// Store directory to create (an existing store there is replaced atomically).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Store every float tensor as this type (f32, f16, bf16; rounding to nearest even);
+    /// integer and bool tensors are kept.
+    #[arg(long)]
+    pub dtype: Option<CastTo>,
+    /// Draw no progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The input formats `convert` knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    /// Hugging Face safetensors (a file, an index, or a directory of shards).
+    Safetensors,
+    /// Burn's burnpack.
+    Burnpack,
+    /// GGUF (llama.cpp).
+    Gguf,
+}
+
+const BURNPACK_MAGIC: [u8; 4] = burn::store::burn_pack::MAGIC_NUMBER.to_le_bytes();
+
+/// Tells the format of `path` from its first bytes, falling back on its extension; a
+/// directory is taken as a sharded safetensors checkpoint.
+///
+/// # Errors
+/// When the file cannot be read, or neither its content nor its name says what it is.
+pub fn detect(path: &Path) -> anyhow::Result<InputKind> {
+    if path.is_dir() {
+        return Ok(InputKind::Safetensors);
+    }
+    let mut head = [0u8; 9];
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut filled = 0;
+    while filled < head.len() {
+        let n = file
+            .read(&mut head[filled..])
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    let head = &head[..filled];
+    if head.starts_with(b"GGUF") {
+        return Ok(InputKind::Gguf);
+    }
+    if head.starts_with(&BURNPACK_MAGIC) {
+        return Ok(InputKind::Burnpack);
+    }
+    // safetensors: an 8-byte little-endian header length, then the JSON header.
+    if head.len() == 9 && head[8] == b'{' {
+        return Ok(InputKind::Safetensors);
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json") {
+        Ok(InputKind::Safetensors)
+    } else if name.ends_with(".bpk") {
+        Ok(InputKind::Burnpack)
+    } else if name.ends_with(".gguf") {
+        Ok(InputKind::Gguf)
+    } else {
+        bail!(
+            "{}: cannot tell the format (expected safetensors, a safetensors index, burnpack or GGUF)",
+            path.display()
+        )
+    }
+}
+
+/// Runs `convert`: detects the input, converts it with a progress bar over the input bytes,
+/// and prints what was written.
+///
+/// # Errors
+/// Any conversion error (it names the input file and tensor).
+pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
+    let kind = detect(&args.input)?;
+    let bar = bytes_bar(0, "converting", args.quiet);
+    let progress_bar = bar.clone();
+    let mut options = ConvertOptions::default().progress(move |p: &Progress<'_>| {
+        progress_bar.set_length(p.total_bytes);
+        progress_bar.set_position(p.done_bytes);
+        progress_bar.set_message(p.tensor.to_string());
+    });
+    if let Some(target) = args.dtype {
+        options = options.cast(target);
+    }
+    let result = match kind {
+        InputKind::Safetensors => {
+            burn_mapped::convert::from_safetensors(&args.input, &args.out, &mut options)
+        }
+        InputKind::Burnpack => {
+            burn_mapped::convert::from_burnpack(&args.input, &args.out, &mut options)
+        }
+        InputKind::Gguf => {
+            let dtype = args.dtype.map_or(burn::tensor::DType::F32, CastTo::dtype);
+            let gguf_bar = bar.clone();
+            let mut progress = move |done: u64, total: u64, tensor: &str| {
+                gguf_bar.set_length(total);
+                gguf_bar.set_position(done);
+                gguf_bar.set_message(tensor.to_string());
+            };
+            let manifest = crate::qwen::convert(&args.input, &args.out, dtype, Some(&mut progress))
+                .with_context(|| format!("converting {}", args.input.display()))?;
+            bar.finish_and_clear();
+            let on_disk: u64 = manifest.tensors().iter().map(|t| t.padded_len()).sum();
+            println!(
+                "wrote {} tensors to {}: {} logical, {} on disk (dequantized from GGUF)",
+                manifest.tensors().len(),
+                args.out.display(),
+                HumanBytes(manifest.total_bytes()),
+                HumanBytes(on_disk)
+            );
+            return Ok(());
+        }
+    };
+    bar.finish_and_clear();
+    let (manifest, summary) = result.with_context(|| {
+        format!(
+            "converting {} into {}",
+            args.input.display(),
+            args.out.display()
+        )
+    })?;
+    let on_disk: u64 = manifest.tensors().iter().map(|t| t.padded_len()).sum();
+    println!("{}", summary_line(&summary, &args.out, on_disk));
+    Ok(())
+}
+
+fn summary_line(summary: &ConvertSummary, out: &Path, on_disk: u64) -> String {
+    let mut line = format!(
+        "wrote {} tensors to {}: {} logical, {} on disk",
+        summary.written,
+        out.display(),
+        HumanBytes(summary.stored_bytes),
+        HumanBytes(on_disk)
+    );
+    if summary.cast > 0 {
+        line += &format!(", {} cast", summary.cast);
+    }
+    if summary.renamed > 0 {
+        line += &format!(", {} renamed", summary.renamed);
+    }
+    if !summary.dropped.is_empty() {
+        line += &format!(", {} dropped", summary.dropped.len());
+    }
+    line
+}
