@@ -28,13 +28,13 @@ pub enum QwenError {
     Fetch(#[from] FetchError),
     /// The GGUF could not be read.
     #[error(transparent)]
-    Gguf(#[from] GgufError),
+    Gguf(Box<GgufError>),
     /// Converting the GGUF into a store failed.
     #[error(transparent)]
-    Convert(#[from] GgufConvertError),
+    Convert(Box<GgufConvertError>),
     /// The store could not be opened or applied.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(Box<StoreError>),
     /// The configuration is missing or invalid.
     #[error("model configuration: {0}")]
     Config(#[from] ConfigError),
@@ -48,6 +48,27 @@ pub enum QwenError {
     #[error("store {} does not record its source GGUF (metadata `{SOURCE_KEY}`)", .0.display())]
     NoSource(PathBuf),
 }
+
+impl From<GgufError> for QwenError {
+    fn from(e: GgufError) -> Self {
+        Self::Gguf(Box::new(e))
+    }
+}
+
+impl From<GgufConvertError> for QwenError {
+    fn from(e: GgufConvertError) -> Self {
+        Self::Convert(Box::new(e))
+    }
+}
+
+impl From<StoreError> for QwenError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(Box::new(e))
+    }
+}
+
+/// Conversion progress: (bytes written, total bytes, tensor name).
+pub type ConvertProgress<'a> = dyn FnMut(u64, u64, &str) + 'a;
 
 /// Where a model's files are.
 #[derive(Debug, Clone)]
@@ -66,11 +87,11 @@ fn dtype_tag(dtype: DType) -> &'static str {
 /// Resolves `spec` to a store, fetching and converting on first use.
 ///
 /// `progress` is called during conversion with (done bytes, total bytes, tensor).
-pub fn resolve(
+pub fn resolve<'a>(
     spec: &str,
     dtype: DType,
     cache: &Path,
-    progress: Option<&mut dyn FnMut(u64, u64, &str)>,
+    progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<ModelPaths, QwenError> {
     let path = Path::new(spec);
     let gguf = if spec == QWEN25_CODER_05B {
@@ -105,11 +126,11 @@ pub fn resolve(
 
 /// Converts a GGUF into a store at `store`. Qwen2 tensors take this project's module paths
 /// (the Hugging Face names); other architectures keep GGUF's names.
-pub fn convert(
+pub fn convert<'a>(
     gguf: &Path,
     store: &Path,
     dtype: DType,
-    progress: Option<&mut dyn FnMut(u64, u64, &str)>,
+    progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<burn_mapped::Manifest, QwenError> {
     let mapped = MappedGguf::open(gguf)?;
     let is_qwen2 = mapped.gguf().architecture().is_ok_and(|a| a == "qwen2");

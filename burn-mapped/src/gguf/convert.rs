@@ -46,6 +46,9 @@ pub enum GgufConvertError {
     },
 }
 
+/// Progress callback: (bytes written so far, total bytes, tensor name).
+pub type Progress<'p> = dyn FnMut(u64, u64, &str) + 'p;
+
 /// How to convert: the name map (module paths usually differ from GGUF's names; `None` drops a
 /// tensor), the output float dtype, and an optional progress callback.
 pub struct GgufConvert<'r, 'p> {
@@ -54,7 +57,7 @@ pub struct GgufConvert<'r, 'p> {
     /// Output dtype: `F32`, `F16` or `BF16`.
     pub dtype: DType,
     /// Called after each tensor with (bytes written so far, total bytes, tensor name).
-    pub progress: Option<&'p mut dyn FnMut(u64, u64, &str)>,
+    pub progress: Option<&'p mut Progress<'p>>,
 }
 
 /// Metadata key holding the source file's path.
