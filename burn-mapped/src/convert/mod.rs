@@ -4,7 +4,7 @@
 //! [`SourceTensor`]s borrowing a read-only mapping of the input file; [`write_tensors`] then
 //! streams them into a [`StoreWriter`], applying the [`ConvertOptions`]: a rename hook (which
 //! may drop tensors), an optional float cast ([`CastTo`], rounding to nearest even, see
-//! [`cast`](self#casting)), and a progress callback. Nothing is copied into memory whole:
+//! [Casting](#casting)), and a progress callback. Nothing is copied into memory whole:
 //! tensor bytes go from the input's page cache through a small buffer into the tensor file.
 //!
 //! - [`from_safetensors`] / [`SafetensorsInput`]: a Hugging Face `.safetensors` file, a sharded

@@ -21,7 +21,7 @@ use super::{
 use crate::manifest::Manifest;
 
 /// Suffix of a sharded checkpoint's index file.
-pub const INDEX_SUFFIX: &str = ".safetensors.index.json";
+const INDEX_SUFFIX: &str = ".safetensors.index.json";
 
 /// One opened, validated safetensors file.
 struct Shard {
