@@ -1,6 +1,6 @@
 //! The element types a store may hold, spelled as stable strings in the manifest.
 
-use burn::tensor::DType;
+use burn_std::DType;
 
 /// Maps a manifest dtype string to Burn's [`DType`].
 ///
@@ -20,7 +20,7 @@ pub fn parse_dtype(name: &str) -> Option<DType> {
         "u32" => DType::U32,
         "u16" => DType::U16,
         "u8" => DType::U8,
-        "bool" => DType::Bool(burn::tensor::BoolStore::Native),
+        "bool" => DType::Bool(burn_std::BoolStore::Native),
         _ => return None,
     })
 }
@@ -41,8 +41,8 @@ pub fn dtype_name(dtype: DType) -> Option<&'static str> {
         DType::U32 => "u32",
         DType::U16 => "u16",
         DType::U8 => "u8",
-        DType::Bool(burn::tensor::BoolStore::Native | burn::tensor::BoolStore::U8) => "bool",
-        DType::Bool(burn::tensor::BoolStore::U32) | DType::QFloat(_) => return None,
+        DType::Bool(burn_std::BoolStore::Native | burn_std::BoolStore::U8) => "bool",
+        DType::Bool(burn_std::BoolStore::U32) | DType::QFloat(_) => return None,
     })
 }
 

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use burn::tensor::DType;
+use burn_std::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{dtype_name, parse_dtype};
