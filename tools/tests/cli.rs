@@ -222,15 +222,16 @@ fn inputs_are_detected_by_content_then_by_name() {
 }
 
 #[test]
-fn a_gguf_input_is_refused_until_its_converter_is_wired_in() {
+fn a_truncated_gguf_input_is_an_error_naming_the_file_and_writes_nothing() {
     let tmp = tempdir();
     let gguf = tmp.path().join("model.gguf");
     std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00").unwrap();
     let out = tmp.path().join("store");
     let err = convert::run(&convert_args(&gguf, &out, None)).unwrap_err();
+    let message = format!("{err:#}");
     assert!(
-        format!("{err:#}").contains("GGUF conversion not built yet"),
-        "{err:#}"
+        message.contains("model.gguf") && message.contains("truncated"),
+        "{message}"
     );
     assert!(!out.exists());
 }
