@@ -115,7 +115,7 @@ fn encode_header(manifest: &Manifest, data_start: u64) -> Vec<u8> {
 /// Maps every tensor file of the store at `dir` into one burnpack image.
 pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, StoreError> {
     let page = page_size();
-    if ALIGNMENT % page as u64 != 0 {
+    if !ALIGNMENT.is_multiple_of(page as u64) {
         return Err(StoreError::UnsupportedPageSize {
             page,
             alignment: ALIGNMENT,

@@ -9,7 +9,7 @@
 pub const ALIGNMENT: u64 = 16 * 1024;
 
 const _: () = assert!(ALIGNMENT.is_power_of_two());
-const _: () = assert!(ALIGNMENT % 4096 == 0);
+const _: () = assert!(ALIGNMENT.is_multiple_of(4096));
 
 /// The on-disk length of a tensor whose logical length is `len`.
 ///
