@@ -175,3 +175,52 @@ fn read_weight_reads_every_word_on_the_gpu() {
         assert_eq!(x, xor_words(&q), "[{out}, {inp}]");
     }
 }
+
+/// With the `fusion` feature the op is a custom operation in Burn's fused stream, between
+/// the fused ops that produce its input and consume its output.
+#[cfg(feature = "fusion")]
+#[test]
+fn under_fusion_the_op_is_registered_as_a_custom_operation() {
+    use std::sync::{Arc, Mutex};
+
+    use burn::backend::fusion::custom::OperationIr;
+    use burn::backend::fusion::observer::{BlockOperations, FusionObservation, FusionObserver};
+
+    #[derive(Default)]
+    struct Custom(Mutex<Vec<String>>);
+    impl FusionObserver for Custom {
+        fn registered(&self, operation: &OperationIr) {
+            if let OperationIr::Custom(op) = operation {
+                self.0.lock().unwrap().push(op.id.to_string());
+            }
+        }
+        fn block_starts(&self, _: BlockOperations<'_>) {}
+        fn block_ran(&self) {}
+    }
+
+    let Some(device) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    let (out, inp, t) = (40, 64, 3);
+    let (q, s, w) = weight(&mut rng, out, inp, &device);
+    device.sync().unwrap();
+    let seen = Arc::new(Custom::default());
+    let observation = FusionObservation::new(seen.clone());
+    let x0 = rng.vec_nonzero(t * inp);
+    let x = Tensor::<2>::from_data(TensorData::new(x0.clone(), [t, inp]), (&device, DType::F32))
+        .add_scalar(0.5);
+    let y = q8_linear(x, &w, None).unwrap().mul_scalar(-1.0);
+    let y: Vec<f32> = y.into_data().try_to_vec().unwrap();
+    device.sync().unwrap();
+    drop(observation);
+    let ids = seen.0.lock().unwrap().clone();
+    assert!(
+        ids.iter().any(|id| id == "q8_matmul"),
+        "custom ops seen: {ids:?}"
+    );
+    let x_host: Vec<f32> = x0.iter().map(|v| v + 0.5).collect();
+    let want: Vec<(f64, f64)> = reference(&x_host, &q, &s, None, t, out, inp)
+        .into_iter()
+        .map(|(v, tol)| (-v, tol))
+        .collect();
+    assert_close(&y, &want, out, "fused");
+}

@@ -235,7 +235,7 @@ fn read(values: &CubeTensor) -> CubeTensor {
     let bytes = values.meta.shape().num_elements();
     assert_eq!(bytes % 4, 0, "q8_read: the GPU kernel needs `in` % 4 == 0");
     let words = bytes / 4;
-    let n = if words % 4 == 0 { 4 } else { 1 };
+    let n = if words.is_multiple_of(4) { 4 } else { 1 };
     let client = values.client.clone();
     let out = client.create_from_slice(u32::as_bytes(&[0u32; READ_PARTIALS]));
     if words > 0 {
@@ -304,9 +304,9 @@ fn run(
         t > 0 && out > 0 && inp > 0,
         "q8_matmul: empty operands are handled by q8_linear"
     );
-    let n = if inp % 16 == 0 {
+    let n = if inp.is_multiple_of(16) {
         4
-    } else if inp % 8 == 0 {
+    } else if inp.is_multiple_of(8) {
         2
     } else {
         1

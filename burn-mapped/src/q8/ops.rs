@@ -9,6 +9,18 @@ use super::error::Q8Error;
 use super::weight::Q8Weight;
 
 /// Output shape `[T, out]` from `x: [T, in]` and `values: [out, in]`.
+/// Output dtype of `q8_read`, whatever the input's.
+#[cfg_attr(not(feature = "fusion"), allow(dead_code))]
+fn read_dtype(_values: DType) -> DType {
+    DType::U32
+}
+
+/// Output shape of `q8_read`, whatever the input's.
+#[cfg_attr(not(feature = "fusion"), allow(dead_code))]
+fn read_shape(_values: &Shape) -> Shape {
+    Shape::new([READ_PARTIALS])
+}
+
 #[cfg_attr(not(feature = "fusion"), allow(dead_code))]
 fn output_shape(x: &Shape, values: &Shape) -> Shape {
     Shape::new([x[0], values[0]])
@@ -33,7 +45,7 @@ pub trait Q8Backend: Backend {
 
     /// Reads every byte of `values` once and returns [`READ_PARTIALS`] XOR checksums (U32):
     /// the bandwidth ceiling `q8_matmul` is measured against, over the same bytes.
-    #[fusion(dtype = { burn::tensor::DType::U32 }, shape = { Shape::new([READ_PARTIALS]) })]
+    #[fusion(dtype = read_dtype(values), shape = read_shape(values))]
     fn q8_read(values: IntTensor<Self>) -> IntTensor<Self>;
 
     /// As [`q8_matmul`](Self::q8_matmul) plus `bias[o]`, added in the same pass.

@@ -54,7 +54,7 @@ impl Q8Weight {
                 expected: format!("{:?}", values.device()),
             });
         }
-        if super::on_cube(&values.device()) && inp % 4 != 0 {
+        if super::on_cube(&values.device()) && !inp.is_multiple_of(4) {
             return Err(Q8Error::GpuPacking { out, inp });
         }
         Ok(Self { values, scales })
