@@ -74,11 +74,6 @@ impl ModuleStore for MappedStore {
     }
 
     fn keys(&mut self) -> Result<Vec<String>, Self::Error> {
-        Ok(self
-            .manifest()
-            .tensors()
-            .iter()
-            .map(|t| t.name().to_string())
-            .collect())
+        Ok(self.manifest().tensors().iter().map(|t| t.name().to_string()).collect())
     }
 }

@@ -53,8 +53,7 @@ mod tests {
     #[test]
     fn every_name_round_trips() {
         for name in [
-            "f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u64", "u32", "u16", "u8",
-            "bool",
+            "f64", "f32", "f16", "bf16", "i64", "i32", "i16", "i8", "u64", "u32", "u16", "u8", "bool",
         ] {
             let dtype = parse_dtype(name).unwrap();
             assert_eq!(dtype_name(dtype), Some(name));

@@ -93,9 +93,7 @@ pub enum StoreError {
         file: String,
     },
     /// A file name could escape the store directory or is otherwise unusable.
-    #[error(
-        "tensor `{tensor}`: file name `{file}` is not a plain file name inside the store ({reason})"
-    )]
+    #[error("tensor `{tensor}`: file name `{file}` is not a plain file name inside the store ({reason})")]
     UnsafeFileName {
         /// Tensor.
         tensor: String,
@@ -115,9 +113,7 @@ pub enum StoreError {
         dtype: String,
     },
     /// The logical length does not equal shape x element size.
-    #[error(
-        "tensor `{tensor}` (file `{file}`): length {len} bytes does not match shape {shape:?} of {dtype} ({expected} bytes)"
-    )]
+    #[error("tensor `{tensor}` (file `{file}`): length {len} bytes does not match shape {shape:?} of {dtype} ({expected} bytes)")]
     LengthMismatch {
         /// Tensor.
         tensor: String,

@@ -138,12 +138,7 @@ pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, Store
         }
         data_start = needed;
     };
-    let total = data_start
-        + manifest
-            .tensors()
-            .iter()
-            .map(|t| t.padded_len())
-            .sum::<u64>();
+    let total = data_start + manifest.tensors().iter().map(|t| t.padded_len()).sum::<u64>();
     let total = usize::try_from(total).map_err(|_| StoreError::Map {
         what: "image".into(),
         source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "image exceeds usize"),

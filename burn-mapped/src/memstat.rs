@@ -30,13 +30,7 @@ pub fn rss_of(pid: &str) -> io::Result<Rss> {
     for line in status.lines() {
         let field = |prefix: &str| {
             line.strip_prefix(prefix)
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
                 .map(|kb| kb * 1024)
         };
         if let Some(v) = field("RssAnon:") {

@@ -30,11 +30,7 @@ pub struct MappedRecorder {
 impl MappedRecorder {
     /// Writes every parameter of `module` (in its saved form, e.g. a `Col`-layout `Linear`
     /// weight as `[out, in]`) into a new store at `dir`, atomically.
-    pub fn record<M: Module>(
-        &self,
-        module: &M,
-        dir: impl AsRef<Path>,
-    ) -> Result<Manifest, StoreError> {
+    pub fn record<M: Module>(&self, module: &M, dir: impl AsRef<Path>) -> Result<Manifest, StoreError> {
         let mut writer = StoreWriter::create(dir)?;
         let mut collector = Collector {
             path: Vec::new(),
@@ -61,8 +57,7 @@ impl MappedRecorder {
         let manifest = Manifest::read(dir)?;
         let image = image::build(dir, &manifest)?;
         let shared = bytes::Bytes::from_owner(ImageOwner(image));
-        let bytes =
-            burn::tensor::Bytes::from_shared(shared, burn::tensor::AllocationProperty::File);
+        let bytes = burn::tensor::Bytes::from_shared(shared, burn::tensor::AllocationProperty::File);
         ModuleRecord::from_bytes(bytes).map_err(|e| StoreError::Record(e.to_string()))
     }
 }
@@ -105,20 +100,14 @@ impl ModuleVisitor for Collector<'_> {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.add(param.id.val(), || {
-            param.transform_for_save().val().into_data()
-        });
+        self.add(param.id.val(), || param.transform_for_save().val().into_data());
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
-        self.add(param.id.val(), || {
-            param.transform_for_save().val().into_data()
-        });
+        self.add(param.id.val(), || param.transform_for_save().val().into_data());
     }
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
-        self.add(param.id.val(), || {
-            param.transform_for_save().val().into_data()
-        });
+        self.add(param.id.val(), || param.transform_for_save().val().into_data());
     }
 }

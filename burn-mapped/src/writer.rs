@@ -56,9 +56,7 @@ impl TensorSpec {
     pub fn byte_len(&self) -> Option<u64> {
         self.shape
             .iter()
-            .try_fold(self.dtype.size() as u64, |acc, &d| {
-                acc.checked_mul(d as u64)
-            })
+            .try_fold(self.dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64))
     }
 
     /// The tensor's name.

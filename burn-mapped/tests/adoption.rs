@@ -6,21 +6,15 @@ mod common;
 use burn::module::Module;
 use burn::store::ModuleSnapshot;
 use burn::tensor::Device;
-use burn_mapped::{Manifest, MappedRecorder, MappedStore};
+use burn_mapped::{MappedRecorder, MappedStore, Manifest};
 use common::*;
 
 fn assert_adopted(net: &Net, dir: &std::path::Path) {
     let manifest = Manifest::read(dir).unwrap();
     let storage = float_param_storage(net);
-    assert_eq!(
-        storage.len(),
-        6,
-        "embed, col weight+bias, row weight+bias, gain"
-    );
+    assert_eq!(storage.len(), 6, "embed, col weight+bias, row weight+bias, gain");
     for (path, range) in storage {
-        let entry = manifest
-            .get(&path)
-            .unwrap_or_else(|| panic!("{path} not in store"));
+        let entry = manifest.get(&path).unwrap_or_else(|| panic!("{path} not in store"));
         let mappings = mapped_ranges(&dir.join(entry.file()));
         assert!(
             mappings
@@ -28,11 +22,7 @@ fn assert_adopted(net: &Net, dir: &std::path::Path) {
                 .any(|m| m.start <= range.start && range.end <= m.end),
             "{path}: storage {range:x?} is not inside a mapping of its file {mappings:x?}"
         );
-        assert_eq!(
-            range.start % burn_mapped::page_size(),
-            0,
-            "{path} not page aligned"
-        );
+        assert_eq!(range.start % burn_mapped::page_size(), 0, "{path} not page aligned");
     }
 }
 
@@ -53,11 +43,7 @@ fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
 
     assert_adopted(&loaded, &dir);
     let got = loaded.forward(tokens(&device)).into_data();
-    assert_eq!(
-        got.as_bytes(),
-        expected.as_bytes(),
-        "forward must be bitwise equal"
-    );
+    assert_eq!(got.as_bytes(), expected.as_bytes(), "forward must be bitwise equal");
 }
 
 #[test]
@@ -77,11 +63,7 @@ fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
 
     assert_adopted(&loaded, &dir);
     let got = loaded.forward(tokens(&device)).into_data();
-    assert_eq!(
-        got.as_bytes(),
-        expected.as_bytes(),
-        "forward must be bitwise equal"
-    );
+    assert_eq!(got.as_bytes(), expected.as_bytes(), "forward must be bitwise equal");
 }
 
 #[test]
@@ -116,15 +98,9 @@ fn rewriting_a_store_leaves_live_mappings_on_the_old_bytes() {
     let second = Net::init(&device);
     MappedRecorder::default().record(&second, &dir).unwrap();
 
-    assert_eq!(
-        old.tensor_data("row.weight").unwrap().as_bytes(),
-        &before[..]
-    );
+    assert_eq!(old.tensor_data("row.weight").unwrap().as_bytes(), &before[..]);
     let new = MappedStore::open(&dir).unwrap();
-    assert_ne!(
-        new.tensor_data("row.weight").unwrap().as_bytes(),
-        &before[..]
-    );
+    assert_ne!(new.tensor_data("row.weight").unwrap().as_bytes(), &before[..]);
     assert!(new.verify().is_empty());
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert_eq!(leftovers.len(), 1, "no temporary directories left behind");

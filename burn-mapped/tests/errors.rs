@@ -14,10 +14,8 @@ fn two_tensor_store() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tmp.path().join("store");
     let mut w = StoreWriter::create(&dir).unwrap();
     let a: Vec<u8> = (0..24u32).flat_map(|v| (v as f32).to_le_bytes()).collect();
-    w.add(TensorSpec::new("a.weight", DType::F32, [4, 6]), &a)
-        .unwrap();
-    w.add(TensorSpec::new("b.bias", DType::F32, [2]), &a[..8])
-        .unwrap();
+    w.add(TensorSpec::new("a.weight", DType::F32, [4, 6]), &a).unwrap();
+    w.add(TensorSpec::new("b.bias", DType::F32, [2]), &a[..8]).unwrap();
     w.finish().unwrap();
     (tmp, dir)
 }
@@ -106,14 +104,7 @@ fn rejects_an_unknown_dtype() {
 
 #[test]
 fn rejects_file_names_that_escape_the_directory() {
-    for bad in [
-        "../x.tensor",
-        "..",
-        "/etc/passwd",
-        "sub/x.tensor",
-        "a\\b",
-        "manifest.json",
-    ] {
+    for bad in ["../x.tensor", "..", "/etc/passwd", "sub/x.tensor", "a\\b", "manifest.json"] {
         let (_t, dir) = two_tensor_store();
         edit_manifest(&dir, |v| v["tensors"][0]["file"] = bad.into());
         match open_err(&dir) {
@@ -136,9 +127,7 @@ fn rejects_duplicate_names() {
 #[test]
 fn rejects_two_tensors_sharing_a_file() {
     let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| {
-        v["tensors"][1]["file"] = v["tensors"][0]["file"].clone()
-    });
+    edit_manifest(&dir, |v| v["tensors"][1]["file"] = v["tensors"][0]["file"].clone());
     assert!(matches!(open_err(&dir), StoreError::DuplicateFile { .. }));
 }
 
@@ -159,10 +148,7 @@ fn rejects_an_unsupported_format_version() {
 fn rejects_a_foreign_alignment() {
     let (_t, dir) = two_tensor_store();
     edit_manifest(&dir, |v| v["alignment"] = 256.into());
-    assert!(matches!(
-        open_err(&dir),
-        StoreError::UnsupportedAlignment { found: 256, .. }
-    ));
+    assert!(matches!(open_err(&dir), StoreError::UnsupportedAlignment { found: 256, .. }));
 }
 
 #[test]
@@ -212,9 +198,7 @@ fn verify_reports_dirty_padding() {
     bytes[100] = 1;
     std::fs::write(&path, &bytes).unwrap();
     let problems = MappedStore::open(&dir).unwrap().verify();
-    assert!(
-        matches!(&problems[..], [StoreError::DirtyPadding { tensor, .. }] if tensor == "b.bias")
-    );
+    assert!(matches!(&problems[..], [StoreError::DirtyPadding { tensor, .. }] if tensor == "b.bias"));
 }
 
 #[test]
@@ -259,14 +243,7 @@ fn writer_rejects_a_wrong_byte_count() {
     let err = w
         .add(TensorSpec::new("x", DType::F32, [3]), &[0u8; 8])
         .unwrap_err();
-    assert!(matches!(
-        err,
-        StoreError::WrongByteCount {
-            expected: 12,
-            actual: 8,
-            ..
-        }
-    ));
+    assert!(matches!(err, StoreError::WrongByteCount { expected: 12, actual: 8, .. }));
 }
 
 #[test]
@@ -274,8 +251,7 @@ fn an_abandoned_writer_leaves_nothing_behind() {
     let tmp = tempdir();
     {
         let mut w = StoreWriter::create(tmp.path().join("s")).unwrap();
-        w.add(TensorSpec::new("x", DType::F32, [1]), &[0u8; 4])
-            .unwrap();
+        w.add(TensorSpec::new("x", DType::F32, [1]), &[0u8; 4]).unwrap();
     }
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }

@@ -87,12 +87,8 @@ fn loading_a_large_module_grows_anonymous_memory_by_under_two_percent() {
     let st = tmp.path().join("big.safetensors");
     {
         let mut module = Big::init(&Device::default());
-        module
-            .load_from(&mut MappedStore::open(&store).unwrap())
-            .unwrap();
-        module
-            .save_into(&mut SafetensorsStore::from_file(&st))
-            .unwrap();
+        module.load_from(&mut MappedStore::open(&store).unwrap()).unwrap();
+        module.save_into(&mut SafetensorsStore::from_file(&st)).unwrap();
         module.into_record().save(&bpk).unwrap();
     }
     let mut report = Vec::new();
@@ -172,13 +168,7 @@ fn two_processes_mapping_one_store_share_its_pages() {
         .unwrap();
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
-        .args([
-            "child_maps_and_waits",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["child_maps_and_waits", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("BM_STORE", &dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -187,10 +177,7 @@ fn two_processes_mapping_one_store_share_its_pages() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let pid = loop {
         let line = lines.next().expect("child exited early").unwrap();
-        if let Some(pid) = line
-            .split_whitespace()
-            .find_map(|t| t.strip_prefix("ready="))
-        {
+        if let Some(pid) = line.split_whitespace().find_map(|t| t.strip_prefix("ready=")) {
             break pid.to_string();
         }
     };
@@ -207,10 +194,7 @@ fn two_processes_mapping_one_store_share_its_pages() {
         let shared: u64 = maps.iter().map(|m| m.shared_clean).sum();
         let dirty: u64 = maps.iter().map(|m| m.dirty).sum();
         assert!(maps.iter().all(|m| m.perms == "r--s"), "{who}: {maps:?}");
-        assert!(
-            shared >= padded * 9 / 10,
-            "{who}: Shared_Clean {shared} of {padded}"
-        );
+        assert!(shared >= padded * 9 / 10, "{who}: Shared_Clean {shared} of {padded}");
         assert_eq!(dirty, 0, "{who}: mapped pages must stay clean");
     }
     child.stdin.take().unwrap().write_all(b"done\n").unwrap();

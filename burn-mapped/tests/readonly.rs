@@ -112,10 +112,7 @@ fn strict_mode_allows_reads_and_names_the_weight_an_op_tries_to_write() {
     }))
     .expect_err("strict mode must refuse the write");
     let message = refusal_message(err);
-    assert!(
-        message.contains(REFUSAL) && message.contains("`row.weight`"),
-        "{message}"
-    );
+    assert!(message.contains(REFUSAL) && message.contains("`row.weight`"), "{message}");
     assert_eq!(values(w), reference);
     assert_eq!(file_snapshot(&dir), before);
 }
@@ -180,16 +177,10 @@ fn strict_mode_follows_the_environment_variable() {
     let (_tmp, dir, _) = store_with_net();
     let out = run_child(
         "child_reports_strict_mode",
-        &[
-            ("BURN_MAPPED_STRICT", "1"),
-            ("BM_STORE", dir.to_str().unwrap()),
-        ],
+        &[("BURN_MAPPED_STRICT", "1"), ("BM_STORE", dir.to_str().unwrap())],
     );
     assert_eq!(child_value::<String>(&out, "strict"), "Strict");
-    let out = run_child(
-        "child_reports_strict_mode",
-        &[("BM_STORE", dir.to_str().unwrap())],
-    );
+    let out = run_child("child_reports_strict_mode", &[("BM_STORE", dir.to_str().unwrap())]);
     assert_eq!(child_value::<String>(&out, "strict"), "CopyOnWrite");
 }
 

@@ -82,8 +82,7 @@ pub fn float_param_storage<M: Module>(module: &M) -> Vec<(String, std::ops::Rang
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.out
-                .push((self.path.join("."), flex_storage(param.val())));
+            self.out.push((self.path.join("."), flex_storage(param.val())));
         }
     }
     let mut v = V {
@@ -104,12 +103,7 @@ pub fn mapped_ranges(path: &Path) -> Vec<std::ops::Range<usize>> {
         .lines()
         .filter(|l| l.split_whitespace().nth(5) == Some(path.as_str()))
         .map(|l| {
-            let (lo, hi) = l
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .split_once('-')
-                .unwrap();
+            let (lo, hi) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
             usize::from_str_radix(lo, 16).unwrap()..usize::from_str_radix(hi, 16).unwrap()
         })
         .collect()
@@ -120,13 +114,7 @@ pub fn mapped_ranges(path: &Path) -> Vec<std::ops::Range<usize>> {
 pub fn run_child(name: &str, envs: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
-    cmd.args([
-        name,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    cmd.args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
     for (k, v) in envs {
         cmd.env(k, v);
     }
