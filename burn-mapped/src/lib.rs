@@ -64,6 +64,7 @@ mod layout;
 mod manifest;
 mod map;
 pub mod memstat;
+pub mod q8;
 mod readonly;
 mod recorder;
 mod store;

@@ -4,6 +4,7 @@ mod cache;
 mod config;
 mod gguf_names;
 mod model;
+mod projection;
 mod rope;
 mod sampling;
 
@@ -13,4 +14,5 @@ pub use gguf_names::{config_from_gguf, hf_name};
 pub use model::{
     Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
 };
+pub use projection::{Projection, Q8Linear};
 pub use sampling::{GenerateError, Sampler, Sampling, SamplingError, argmax};

@@ -7,12 +7,13 @@
 //! and the `[in, out]` view the matmul wants is a zero-copy transpose.
 
 use burn::module::{Module, Param};
-use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig, LinearLayout};
+use burn::nn::{Embedding, EmbeddingConfig, Initializer, LinearConfig, LinearLayout};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
+use super::projection::{Projection, Q8Linear};
 use super::rope::RopeTables;
 
 /// Qwen2 decoder with its language-model head.
@@ -20,7 +21,7 @@ use super::rope::RopeTables;
 pub struct Qwen2ForCausalLM {
     pub model: Qwen2Model,
     /// Absent when the config ties the head to `model.embed_tokens`.
-    pub lm_head: Option<Linear>,
+    pub lm_head: Option<Projection>,
 }
 
 /// Embedding, decoder layers and final norm (HF `Qwen2Model`).
@@ -44,10 +45,10 @@ pub struct DecoderLayer {
 /// Grouped-query self-attention; q/k/v have biases, the output projection has none.
 #[derive(Module, Debug)]
 pub struct Attention {
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
-    pub o_proj: Linear,
+    pub q_proj: Projection,
+    pub k_proj: Projection,
+    pub v_proj: Projection,
+    pub o_proj: Projection,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -56,9 +57,9 @@ pub struct Attention {
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
 #[derive(Module, Debug)]
 pub struct Mlp {
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
-    pub down_proj: Linear,
+    pub gate_proj: Projection,
+    pub up_proj: Projection,
+    pub down_proj: Projection,
 }
 
 /// RMS normalization with its scale named `weight` (burn-nn's `RmsNorm` calls it `gamma`,
@@ -111,39 +112,89 @@ impl Qwen2Config {
             .unwrap_or_else(|e| panic!("invalid Qwen2Config: {e}"))
     }
 
-    /// Build the model after validating the config.
+    /// Build the model after validating the config; every projection is float.
     pub fn try_init(&self, device: &Device) -> Result<Qwen2ForCausalLM, ConfigError> {
+        self.try_init_with(device, |_| false)
+    }
+
+    /// Build the model with each projection float or q8 as its store holds it: a projection
+    /// is a [`Q8Linear`] when the manifest's `<path>.weight` carries a `q8-row-f16` link
+    /// (for example `model.layers.0.mlp.up_proj.weight`), a float `Linear` otherwise.
+    pub fn try_init_for_store(
+        &self,
+        device: &Device,
+        manifest: &burn_mapped::Manifest,
+    ) -> Result<Qwen2ForCausalLM, ConfigError> {
+        self.try_init_with(device, |path| {
+            manifest
+                .get(&format!("{path}.weight"))
+                .and_then(|entry| entry.quant())
+                .is_some_and(|link| link.scheme == burn_mapped::Q8_ROW_F16)
+        })
+    }
+
+    /// Build the model, asking `q8(path)` for each projection (`path` is its module path,
+    /// `model.layers.3.self_attn.q_proj` or `lm_head`) whether it is q8. Embeddings and norms
+    /// are always float.
+    pub fn try_init_with(
+        &self,
+        device: &Device,
+        q8: impl Fn(&str) -> bool,
+    ) -> Result<Qwen2ForCausalLM, ConfigError> {
         self.validate()?;
-        let linear = |d_in: usize, d_out: usize, bias: bool| {
-            LinearConfig::new(d_in, d_out)
-                .with_bias(bias)
-                .with_layout(LinearLayout::Col)
-                .init(device)
+        let linear = |path: String, d_in: usize, d_out: usize, bias: bool| {
+            if q8(&path) {
+                Projection::Q8(Q8Linear::new_lazy(d_in, d_out, bias, device))
+            } else {
+                Projection::Float(
+                    LinearConfig::new(d_in, d_out)
+                        .with_bias(bias)
+                        .with_layout(LinearLayout::Col)
+                        .init(device),
+                )
+            }
         };
         let norm = |d: usize| RmsNorm {
             weight: Initializer::Ones.init([d], device),
             eps: self.rms_norm_eps,
         };
+        let attn = |i: usize, name: &str| format!("model.layers.{i}.self_attn.{name}");
+        let mlp = |i: usize, name: &str| format!("model.layers.{i}.mlp.{name}");
         let (h, kv, d) = (
             self.num_attention_heads,
             self.num_key_value_heads,
             self.head_dim,
         );
         let layers = (0..self.num_hidden_layers)
-            .map(|_| DecoderLayer {
+            .map(|i| DecoderLayer {
                 self_attn: Attention {
-                    q_proj: linear(self.hidden_size, h * d, true),
-                    k_proj: linear(self.hidden_size, kv * d, true),
-                    v_proj: linear(self.hidden_size, kv * d, true),
-                    o_proj: linear(h * d, self.hidden_size, false),
+                    q_proj: linear(attn(i, "q_proj"), self.hidden_size, h * d, true),
+                    k_proj: linear(attn(i, "k_proj"), self.hidden_size, kv * d, true),
+                    v_proj: linear(attn(i, "v_proj"), self.hidden_size, kv * d, true),
+                    o_proj: linear(attn(i, "o_proj"), h * d, self.hidden_size, false),
                     num_heads: h,
                     num_kv_heads: kv,
                     head_dim: d,
                 },
                 mlp: Mlp {
-                    gate_proj: linear(self.hidden_size, self.intermediate_size, false),
-                    up_proj: linear(self.hidden_size, self.intermediate_size, false),
-                    down_proj: linear(self.intermediate_size, self.hidden_size, false),
+                    gate_proj: linear(
+                        mlp(i, "gate_proj"),
+                        self.hidden_size,
+                        self.intermediate_size,
+                        false,
+                    ),
+                    up_proj: linear(
+                        mlp(i, "up_proj"),
+                        self.hidden_size,
+                        self.intermediate_size,
+                        false,
+                    ),
+                    down_proj: linear(
+                        mlp(i, "down_proj"),
+                        self.intermediate_size,
+                        self.hidden_size,
+                        false,
+                    ),
                 },
                 input_layernorm: norm(self.hidden_size),
                 post_attention_layernorm: norm(self.hidden_size),
@@ -156,8 +207,14 @@ impl Qwen2Config {
                 norm: norm(self.hidden_size),
                 rope_theta: self.rope_theta,
             },
-            lm_head: (!self.tie_word_embeddings)
-                .then(|| linear(self.hidden_size, self.vocab_size, false)),
+            lm_head: (!self.tie_word_embeddings).then(|| {
+                linear(
+                    "lm_head".to_string(),
+                    self.hidden_size,
+                    self.vocab_size,
+                    false,
+                )
+            }),
         })
     }
 }
@@ -429,7 +486,7 @@ impl RmsNorm {
 /// the weight to 3-D, and reshaping a transposed view makes Flex copy it into a contiguous
 /// buffer on every call: a per-use copy of every weight, every token. A 2-D product hands
 /// the strided view straight to the GEMM, which reads the adopted pages in place.
-fn project(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+fn project(layer: &Projection, x: Tensor<3>) -> Tensor<3> {
     let [batch, seq, d_in] = x.dims();
     let y = layer.forward(x.reshape([batch * seq, d_in]));
     let d_out = y.dims()[1];

@@ -1,0 +1,447 @@
+//! GEMV benchmark under the paper's matched protocol (§3.1), on Burn's own stream.
+//!
+//! One pass = one product over each of `--matrices` distinct `[out, in]` int8 matrices
+//! (default 12 x 12288 x 7168, 88.1 MB each, stored as a burn-mapped store and adopted from
+//! the page cache on Flex) followed by one device sync. `--warmup` passes (12) are
+//! discarded, then `--passes` (30) are timed one by one; the report gives the median and the
+//! min/max. GB/s counts each arm's weight bytes once per pass (int8 values + f16 scales for
+//! q8, 4 or 2 bytes per weight for the float arms).
+//!
+//! Arms, all in one run: `read` (every weight byte read once, XOR, same threads or stream:
+//! the ceiling), `q8` at every `T` of `--t-sweep` (1,2,4,8), and Burn's float matmul `f32`
+//! (and `f16` where the device supports it) at `T = 1` on the dequantized weights, computed
+//! as `nn::Linear` with `LinearLayout::Col` computes it (`x @ W^T`, `W` stored `[out, in]`).
+//!
+//! ```text
+//! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu]
+//!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
+//!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16] [--threads 0]
+//!     [--store DIR] [--json FILE]
+//! ```
+//!
+//! The wgpu device needs `--features wgpu`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
+use burn_mapped::MappedStore;
+use burn_mapped::q8::{
+    Q8Rows, Q8Weight, cpu_kernel_name, cpu_threads, dequantize_rows, q8_linear, read_weight,
+    set_cpu_threads, write_q8_rows,
+};
+use serde::Serialize;
+
+struct Args {
+    device: String,
+    matrices: usize,
+    float_matrices: usize,
+    out: usize,
+    inp: usize,
+    passes: usize,
+    warmup: usize,
+    t_sweep: Vec<usize>,
+    arms: Vec<String>,
+    threads: usize,
+    store: Option<PathBuf>,
+    json: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        device: "flex".into(),
+        matrices: 12,
+        float_matrices: usize::MAX,
+        out: 12288,
+        inp: 7168,
+        passes: 30,
+        warmup: 12,
+        t_sweep: vec![1, 2, 4, 8],
+        arms: ["read", "q8", "f32", "f16"].map(String::from).to_vec(),
+        threads: 0,
+        store: None,
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        let num = |v: String| v.parse::<usize>().with_context(|| format!("{flag}: `{v}`"));
+        match flag.as_str() {
+            "--device" => a.device = value()?,
+            "--matrices" => a.matrices = num(value()?)?,
+            "--float-matrices" => a.float_matrices = num(value()?)?,
+            "--out" => a.out = num(value()?)?,
+            "--in" => a.inp = num(value()?)?,
+            "--passes" => a.passes = num(value()?)?,
+            "--warmup" => a.warmup = num(value()?)?,
+            "--threads" => a.threads = num(value()?)?,
+            "--t-sweep" => {
+                a.t_sweep = value()?
+                    .split(',')
+                    .map(|s| s.parse().with_context(|| format!("--t-sweep: `{s}`")))
+                    .collect::<Result<_>>()?
+            }
+            "--arms" => a.arms = value()?.split(',').map(String::from).collect(),
+            "--store" => a.store = Some(value()?.into()),
+            "--json" => a.json = Some(value()?.into()),
+            "-h" | "--help" => {
+                println!(
+                    "{}",
+                    include_str!("gemv.rs")
+                        .lines()
+                        .take(21)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument `{other}` (try --help)"),
+        }
+    }
+    if a.matrices == 0 || a.passes == 0 || a.out == 0 || a.inp == 0 {
+        bail!("--matrices, --passes, --out and --in must be positive");
+    }
+    if a.t_sweep.contains(&0) {
+        bail!("--t-sweep: T must be positive");
+    }
+    a.float_matrices = a.float_matrices.min(a.matrices);
+    Ok(a)
+}
+
+fn device(name: &str) -> Result<Device> {
+    match name {
+        "flex" => Ok(Device::flex()),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+        other => {
+            bail!("unknown or not compiled-in device `{other}` (flex; wgpu with --features wgpu)")
+        }
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn name(k: usize) -> String {
+    format!("m{k:02}.weight")
+}
+
+/// The store of random q8 matrices, written once and reused (it is a cache).
+fn ensure_store(a: &Args) -> Result<PathBuf> {
+    let dir = match &a.store {
+        Some(d) => d.clone(),
+        None => {
+            let home = std::env::var_os("HOME").context("HOME is not set; pass --store")?;
+            PathBuf::from(home).join(format!(
+                ".cache/burn-mapped/gemv/{}x{}x{}",
+                a.out, a.inp, a.matrices
+            ))
+        }
+    };
+    if let Ok(store) = MappedStore::open(&dir) {
+        let ok = (0..a.matrices).all(|k| {
+            store
+                .manifest()
+                .get(&name(k))
+                .is_some_and(|e| e.shape() == [a.out, a.inp] && e.quant().is_some())
+        });
+        if ok {
+            return Ok(dir);
+        }
+    }
+    eprintln!(
+        "writing {} q8 matrices [{}, {}] to {}",
+        a.matrices,
+        a.out,
+        a.inp,
+        dir.display()
+    );
+    let mut writer = burn_mapped::StoreWriter::create(&dir)?;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for k in 0..a.matrices {
+        let values = (0..a.out * a.inp)
+            .map(|_| (((rng.next() >> 32) % 255) as i32 - 127) as i8)
+            .collect::<Vec<i8>>();
+        let scales = (0..a.out)
+            .map(|_| f16::from_f32(1e-3 * (1.0 + (rng.next() >> 40) as f32 / (1u64 << 24) as f32)))
+            .collect();
+        write_q8_rows(
+            &mut writer,
+            &name(k),
+            &Q8Rows { values, scales },
+            a.out,
+            a.inp,
+        )?;
+    }
+    writer.finish()?;
+    Ok(dir)
+}
+
+#[derive(Serialize)]
+struct ArmResult {
+    arm: String,
+    t: usize,
+    matrices: usize,
+    bytes_per_pass: u64,
+    passes: usize,
+    median_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+    gbps_median: f64,
+    gbps_best: f64,
+    gbps_worst: f64,
+}
+
+/// Runs `warmup` discarded passes, then times `passes` passes one by one.
+fn measure(
+    arm: &str,
+    t: usize,
+    matrices: usize,
+    bytes: u64,
+    a: &Args,
+    mut pass: impl FnMut() -> Result<()>,
+) -> Result<ArmResult> {
+    for _ in 0..a.warmup {
+        pass()?;
+    }
+    let mut times = Vec::with_capacity(a.passes);
+    for _ in 0..a.passes {
+        let start = Instant::now();
+        pass()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let median = if times.len() % 2 == 1 {
+        times[times.len() / 2]
+    } else {
+        (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
+    };
+    let (min, max) = (times[0], times[times.len() - 1]);
+    let gbps = |s: f64| bytes as f64 / s / 1e9;
+    let r = ArmResult {
+        arm: arm.to_string(),
+        t,
+        matrices,
+        bytes_per_pass: bytes,
+        passes: a.passes,
+        median_ms: median * 1e3,
+        min_ms: min * 1e3,
+        max_ms: max * 1e3,
+        gbps_median: gbps(median),
+        gbps_best: gbps(min),
+        gbps_worst: gbps(max),
+    };
+    eprintln!(
+        "{:>5} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2})",
+        r.arm, r.t, r.matrices, r.median_ms, r.gbps_median, r.gbps_best, r.gbps_worst
+    );
+    Ok(r)
+}
+
+fn random_x(rng: &mut Rng, t: usize, inp: usize, device: &Device) -> Tensor<2> {
+    let v: Vec<f32> = (0..t * inp)
+        .map(|_| {
+            let m = 0.1 + 0.9 * ((rng.next() >> 40) as f32 / (1u64 << 24) as f32);
+            if rng.next() & 1 == 0 { m } else { -m }
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(v, [t, inp]), (device, DType::F32))
+}
+
+/// Dequantized f32 copy of a store matrix, built on the host and uploaded.
+fn float_weight(store: &MappedStore, k: usize, a: &Args, device: &Device) -> Result<Tensor<2>> {
+    let values: Vec<i8> = store
+        .tensor_data(&name(k))?
+        .try_to_vec()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let link = store
+        .manifest()
+        .get(&name(k))
+        .and_then(|e| e.quant())
+        .context("q8 link")?;
+    let scales: Vec<f16> = store
+        .tensor_data(&link.scale)?
+        .try_to_vec()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let w = dequantize_rows(&values, &scales, a.out, a.inp)?;
+    Ok(Tensor::from_data(
+        TensorData::new(w, [a.out, a.inp]),
+        (device, DType::F32),
+    ))
+}
+
+#[derive(Serialize)]
+struct Report {
+    protocol: &'static str,
+    device: String,
+    out: usize,
+    inp: usize,
+    matrices: usize,
+    matrix_mb: f64,
+    host_threads: usize,
+    host_kernel: &'static str,
+    flex_matmul_threads: Option<&'static str>,
+    check_q8_vs_f32_max_rel_err: Option<f64>,
+    skipped: Vec<String>,
+    arms: Vec<ArmResult>,
+}
+
+fn main() -> Result<()> {
+    let a = parse_args()?;
+    if a.threads > 0 {
+        set_cpu_threads(a.threads);
+    }
+    let dev = device(&a.device)?;
+    let dir = ensure_store(&a)?;
+    let store = MappedStore::open(&dir)?;
+    let weights = (0..a.matrices)
+        .map(|k| Q8Weight::from_store(&store, &name(k), &dev))
+        .collect::<Result<Vec<_>, _>>()?;
+    let q8_bytes: u64 = weights.iter().map(|w| w.bytes() as u64).sum();
+    let value_bytes = (a.matrices * a.out * a.inp) as u64;
+    let sync = || dev.sync().map_err(|e| anyhow::anyhow!("sync: {e:?}"));
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut arms = Vec::new();
+    let mut skipped = Vec::new();
+    let mut check = None;
+
+    if a.arms.iter().any(|s| s == "read") {
+        arms.push(measure("read", 0, a.matrices, value_bytes, &a, || {
+            let partials: Vec<Tensor<1, Int>> = weights.iter().map(read_weight).collect();
+            sync()?;
+            drop(partials);
+            Ok(())
+        })?);
+    }
+    if a.arms.iter().any(|s| s == "q8") {
+        for &t in &a.t_sweep {
+            let x = random_x(&mut rng, t, a.inp, &dev);
+            arms.push(measure("q8", t, a.matrices, q8_bytes, &a, || {
+                let ys = weights
+                    .iter()
+                    .map(|w| q8_linear(x.clone(), w, None))
+                    .collect::<Result<Vec<_>, _>>()?;
+                sync()?;
+                drop(ys);
+                Ok(())
+            })?);
+        }
+    }
+    for (arm, dtype, size) in [("f32", DType::F32, 4u64), ("f16", DType::F16, 2)] {
+        if !a.arms.iter().any(|s| s == arm) {
+            continue;
+        }
+        if !dev.supports_dtype(dtype) {
+            skipped.push(format!("{arm}: device does not support {dtype:?}"));
+            continue;
+        }
+        let n = a.float_matrices;
+        let ws = (0..n)
+            .map(|k| {
+                let w = float_weight(&store, k, &a, &dev)?;
+                Ok(if dtype == DType::F32 {
+                    w
+                } else {
+                    w.cast(dtype)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let x = random_x(&mut rng, 1, a.inp, &dev).cast(dtype);
+        if dtype == DType::F32 {
+            let want: Vec<f32> = x
+                .clone()
+                .matmul(ws[0].clone().transpose())
+                .into_data()
+                .try_to_vec()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let got: Vec<f32> = q8_linear(x.clone(), &weights[0], None)?
+                .into_data()
+                .try_to_vec()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+            let err = got
+                .iter()
+                .zip(&want)
+                .fold(0f64, |m, (g, w)| m.max(f64::from((g - w).abs())));
+            check = Some(err / scale);
+        }
+        let bytes = n as u64 * (a.out * a.inp) as u64 * size;
+        let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = x.clone().matmul(ws[0].clone().transpose()).into_data();
+        }));
+        if probe.is_err() {
+            skipped.push(format!("{arm}: matmul panicked on this device"));
+            continue;
+        }
+        arms.push(measure(arm, 1, n, bytes, &a, || {
+            let ys: Vec<Tensor<2>> = ws
+                .iter()
+                .map(|w| x.clone().matmul(w.clone().transpose()))
+                .collect();
+            sync()?;
+            drop(ys);
+            Ok(())
+        })?);
+    }
+
+    let report = Report {
+        protocol: "one pass = one product per matrix + one sync; warm-up passes discarded; median and min/max over timed passes; GB/s counts weight bytes once",
+        device: format!("{dev:?}"),
+        out: a.out,
+        inp: a.inp,
+        matrices: a.matrices,
+        matrix_mb: (a.out * a.inp) as f64 / 1e6,
+        host_threads: cpu_threads(),
+        host_kernel: cpu_kernel_name(),
+        flex_matmul_threads: (a.device == "flex")
+            .then_some("1 (the workspace builds burn-flex without its `rayon` feature)"),
+        check_q8_vs_f32_max_rel_err: check,
+        skipped,
+        arms,
+    };
+    println!(
+        "| arm  | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) |"
+    );
+    println!(
+        "|------|----|----------|---------|-----------|--------|--------|---------------|-------------|"
+    );
+    for r in &report.arms {
+        println!(
+            "| {:<4} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} |",
+            r.arm,
+            r.t,
+            r.matrices,
+            r.bytes_per_pass as f64 / 1e6,
+            r.median_ms,
+            r.min_ms,
+            r.max_ms,
+            r.gbps_median,
+            r.gbps_best
+        );
+    }
+    println!(
+        "device {}, host threads {} ({}), q8 vs f32 max rel err {:?}, skipped {:?}",
+        report.device,
+        report.host_threads,
+        report.host_kernel,
+        report.check_q8_vs_f32_max_rel_err,
+        report.skipped
+    );
+    let json = serde_json::to_string_pretty(&report)?;
+    match &a.json {
+        Some(path) => {
+            std::fs::write(path, json).with_context(|| format!("write {}", path.display()))?
+        }
+        None => println!("{json}"),
+    }
+    Ok(())
+}

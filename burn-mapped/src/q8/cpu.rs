@@ -1,0 +1,465 @@
+//! The q8 GEMV/GEMM on the host: int8 weights read in place from their (mapped) storage.
+//!
+//! Work is split by output rows across scoped threads; each thread walks its rows once and,
+//! for every small block of rows, runs all activation tiles against it while those rows are
+//! still in cache, so any `T` costs one pass over the weights in DRAM. Activation rows are
+//! taken in tiles of at most [`TILE_T`]; a block of `R` rows times a tile of `TT` columns
+//! keeps `R * TT = 8` vector accumulators live (see [`block_shape`]).
+//!
+//! On x86_64 with AVX2 and FMA (detected at run time) the inner loop is explicit 256-bit
+//! code: sign-extend 8 int8 to i32, convert to f32, fused multiply-add with 8 activations.
+//! Elsewhere a portable loop over `[f32; 8]` lane arrays lets LLVM vectorize for the target
+//! baseline. Both accumulate in f32 in 8 lanes and add the lanes at the end of a row.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::tensor::f16;
+
+/// Most activation columns one tile holds; larger `T` is split into tiles of this size.
+pub const TILE_T: usize = 4;
+/// Vector width, in f32 lanes, of the accumulators.
+const LANES: usize = 8;
+/// Smallest slab of weight bytes worth a thread of its own: below this, spawning costs more
+/// than the thread saves.
+const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
+
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets how many threads the host kernel uses; 0 (the default) means
+/// `std::thread::available_parallelism()`.
+pub fn set_cpu_threads(threads: usize) {
+    THREADS.store(threads, Ordering::Relaxed);
+}
+
+/// How many threads the host kernel uses for a large matrix.
+pub fn cpu_threads() -> usize {
+    match THREADS.load(Ordering::Relaxed) {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+/// Which inner loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// Plain Rust over lane arrays.
+    Portable,
+    /// x86_64 AVX2 + FMA intrinsics.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Isa::Avx2;
+        }
+        Isa::Portable
+    }
+}
+
+/// The name of the inner loop this machine runs (for benchmark reports).
+pub fn cpu_kernel_name() -> &'static str {
+    match Isa::detect() {
+        Isa::Portable => "portable",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => "avx2+fma",
+    }
+}
+
+/// Operands of one product `y[t, o] = scale[o] * sum_i x[t, i] * w[o, i] + bias[o]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Gemm<'a> {
+    /// `[t, inp]` row-major.
+    pub x: &'a [f32],
+    /// `[out, inp]` row-major.
+    pub w: &'a [i8],
+    /// `[out]`.
+    pub scales: &'a [f16],
+    /// `[out]`.
+    pub bias: Option<&'a [f32]>,
+    pub t: usize,
+    pub out: usize,
+    pub inp: usize,
+}
+
+/// Computes the product into a new `[t, out]` buffer. The buffer starts as NaN, so an
+/// element the kernel failed to write shows up in any comparison.
+pub(crate) fn gemm(args: Gemm<'_>, isa: Isa, threads: usize) -> Vec<f32> {
+    gemm_split(args, isa, threads, MIN_BYTES_PER_THREAD)
+}
+
+/// [`gemm`] with the per-thread minimum as a parameter, so tests can force many threads on
+/// small matrices.
+fn gemm_split(args: Gemm<'_>, isa: Isa, threads: usize, min_bytes: usize) -> Vec<f32> {
+    let Gemm { t, out, inp, .. } = args;
+    assert_eq!(args.x.len(), t * inp, "q8 cpu: x length");
+    assert_eq!(args.w.len(), out * inp, "q8 cpu: weight length");
+    assert_eq!(args.scales.len(), out, "q8 cpu: scale length");
+    if let Some(b) = args.bias {
+        assert_eq!(b.len(), out, "q8 cpu: bias length");
+    }
+    let mut y = vec![f32::NAN; t * out];
+    if t == 0 || out == 0 {
+        return y;
+    }
+    // Rows are handed out in multiples of 8 so every thread but the last runs full blocks.
+    let by_work = (out * inp).div_ceil(min_bytes.max(1)).max(1);
+    let threads = threads.clamp(1, by_work).min(out.div_ceil(8));
+    let rows_per_thread = out.div_ceil(threads).next_multiple_of(8);
+    // Each thread fills `[rows, t]` (row-major by output row), a contiguous piece of `yt`;
+    // the transpose into `[t, out]` afterwards touches `t * out` floats, nothing next to the
+    // `out * in` weight bytes.
+    let mut yt = vec![f32::NAN; out * t];
+    std::thread::scope(|scope| {
+        let mut rest = yt.as_mut_slice();
+        let mut row = 0;
+        while row < out {
+            let rows = rows_per_thread.min(out - row);
+            let (mine, tail) = rest.split_at_mut(rows * t);
+            rest = tail;
+            let start = row;
+            if row + rows == out {
+                rows_into(args, isa, start, rows, mine); // the calling thread takes the last slab
+            } else {
+                scope.spawn(move || rows_into(args, isa, start, rows, mine));
+            }
+            row += rows;
+        }
+    });
+    for o in 0..out {
+        for tt in 0..t {
+            y[tt * out + o] = yt[o * t + tt];
+        }
+    }
+    y
+}
+
+/// XOR of `bytes` as little-endian u32 words (the last one zero-padded), split over up to
+/// `threads` threads, one result each (at most [`READ_PARTIALS`](super::ops::READ_PARTIALS)):
+/// a read with no arithmetic worth the name, the ceiling the product is compared with.
+pub(crate) fn read_xor(bytes: &[u8], threads: usize) -> Vec<u32> {
+    let by_work = bytes.len().div_ceil(MIN_BYTES_PER_THREAD).max(1);
+    let threads = threads.clamp(1, by_work).min(super::ops::READ_PARTIALS);
+    let chunk = bytes.len().div_ceil(threads).next_multiple_of(64).max(64);
+    let fold = |part: &[u8]| -> u32 {
+        let mut acc = [0u64; 8];
+        let mut blocks = part.chunks_exact(64);
+        for block in &mut blocks {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a ^= u64::from_le_bytes(block[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+            }
+        }
+        let x = acc.iter().fold(0u64, |x, a| x ^ a);
+        let mut x = (x ^ (x >> 32)) as u32;
+        for word in blocks.remainder().chunks(4) {
+            let mut w = [0u8; 4];
+            w[..word.len()].copy_from_slice(word);
+            x ^= u32::from_le_bytes(w);
+        }
+        x
+    };
+    std::thread::scope(|scope| {
+        let mut parts = bytes.chunks(chunk);
+        let last = parts.next_back();
+        let handles: Vec<_> = parts.map(|p| scope.spawn(move || fold(p))).collect();
+        let mut out: Vec<u32> = Vec::with_capacity(handles.len() + 1);
+        let mine = last.map(fold);
+        out.extend(handles.into_iter().map(|h| h.join().expect("read thread")));
+        out.extend(mine);
+        out
+    })
+}
+
+/// `(R, TT)`: rows per block and activation columns per tile, with `R * TT` accumulators.
+fn block_shape(t: usize) -> (usize, usize) {
+    match t.min(TILE_T) {
+        1 => (8, 1),
+        2 => (4, 2),
+        tt => (2, tt),
+    }
+}
+
+/// Computes output rows `start..start + rows` for every activation row into `dst`
+/// (`[rows, t]`).
+fn rows_into(args: Gemm<'_>, isa: Isa, start: usize, rows: usize, dst: &mut [f32]) {
+    let t = args.t;
+    let (r_block, _) = block_shape(t);
+    let mut o = start;
+    while o < start + rows {
+        let r = r_block.min(start + rows - o);
+        let mut t0 = 0;
+        while t0 < t {
+            let tt = TILE_T.min(t - t0);
+            let mut acc = [[0f32; TILE_T]; 8];
+            block(args, isa, o, r, t0, tt, &mut acc);
+            for (k, acc_row) in acc.iter().enumerate().take(r) {
+                let row = o + k;
+                let s = args.scales[row].to_f32();
+                let b = args.bias.map_or(0.0, |b| b[row]);
+                for (j, &a) in acc_row.iter().enumerate().take(tt) {
+                    dst[(row - start) * t + t0 + j] = s * a + b;
+                }
+            }
+            t0 += tt;
+        }
+        o += r;
+    }
+}
+
+/// Raw dot products of rows `o..o + r` with activation rows `t0..t0 + tt` into `acc`.
+fn block(
+    args: Gemm<'_>,
+    isa: Isa,
+    o: usize,
+    r: usize,
+    t0: usize,
+    tt: usize,
+    acc: &mut [[f32; TILE_T]; 8],
+) {
+    let inp = args.inp;
+    let w = |k: usize| &args.w[(o + k) * inp..(o + k + 1) * inp];
+    let x = |j: usize| &args.x[(t0 + j) * inp..(t0 + j + 1) * inp];
+    macro_rules! run {
+        ($r:literal, $tt:literal) => {{
+            let ws: [&[i8]; $r] = std::array::from_fn(w);
+            let xs: [&[f32]; $tt] = std::array::from_fn(x);
+            let res = match isa {
+                Isa::Portable => dot_portable::<$r, $tt>(ws, xs),
+                // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` after checking that
+                // the CPU has AVX2 and FMA.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2::dot::<$r, $tt>(ws, xs) },
+            };
+            for k in 0..$r {
+                acc[k][..$tt].copy_from_slice(&res[k]);
+            }
+        }};
+    }
+    match (r, tt) {
+        (8, 1) => run!(8, 1),
+        (4, 2) => run!(4, 2),
+        (4, 1) => run!(4, 1),
+        (2, 1) => run!(2, 1),
+        (2, 2) => run!(2, 2),
+        (2, 3) => run!(2, 3),
+        (2, 4) => run!(2, 4),
+        (_, 1) => {
+            for k in 0..r {
+                run_one::<1>(args, isa, o + k, t0, acc, k)
+            }
+        }
+        (_, 2) => {
+            for k in 0..r {
+                run_one::<2>(args, isa, o + k, t0, acc, k)
+            }
+        }
+        (_, 3) => {
+            for k in 0..r {
+                run_one::<3>(args, isa, o + k, t0, acc, k)
+            }
+        }
+        (_, 4) => {
+            for k in 0..r {
+                run_one::<4>(args, isa, o + k, t0, acc, k)
+            }
+        }
+        _ => unreachable!("tiles hold 1..={TILE_T} columns"),
+    }
+}
+
+/// One leftover row (fewer rows remain than a block holds).
+fn run_one<const TT: usize>(
+    args: Gemm<'_>,
+    isa: Isa,
+    row: usize,
+    t0: usize,
+    acc: &mut [[f32; TILE_T]; 8],
+    k: usize,
+) {
+    let inp = args.inp;
+    let ws = [&args.w[row * inp..(row + 1) * inp]];
+    let xs: [&[f32]; TT] = std::array::from_fn(|j| &args.x[(t0 + j) * inp..(t0 + j + 1) * inp]);
+    let res = match isa {
+        Isa::Portable => dot_portable::<1, TT>(ws, xs),
+        // SAFETY: `Isa::Avx2` is only produced after detecting AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::dot::<1, TT>(ws, xs) },
+    };
+    acc[k][..TT].copy_from_slice(&res[0]);
+}
+
+/// `R x TT` dot products over lane arrays; the fixed-size inner loops vectorize.
+#[inline(always)]
+fn dot_portable<const R: usize, const TT: usize>(w: [&[i8]; R], x: [&[f32]; TT]) -> [[f32; TT]; R] {
+    let n = x.first().map_or(0, |x| x.len());
+    let full = n - n % LANES;
+    let mut acc = [[[0f32; LANES]; TT]; R];
+    let mut i = 0;
+    while i < full {
+        let mut wv = [[0f32; LANES]; R];
+        for (k, wk) in wv.iter_mut().enumerate() {
+            let src: &[i8; LANES] = w[k][i..i + LANES].try_into().expect("in bounds");
+            for l in 0..LANES {
+                wk[l] = f32::from(src[l]);
+            }
+        }
+        for j in 0..TT {
+            let xv: &[f32; LANES] = x[j][i..i + LANES].try_into().expect("in bounds");
+            for k in 0..R {
+                for l in 0..LANES {
+                    acc[k][j][l] += wv[k][l] * xv[l];
+                }
+            }
+        }
+        i += LANES;
+    }
+    let mut res = [[0f32; TT]; R];
+    for k in 0..R {
+        for j in 0..TT {
+            let mut s = hsum(&acc[k][j]);
+            for c in full..n {
+                s += f32::from(w[k][c]) * x[j][c];
+            }
+            res[k][j] = s;
+        }
+    }
+    res
+}
+
+fn hsum(v: &[f32; LANES]) -> f32 {
+    ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{LANES, hsum};
+
+    /// `R x TT` dot products with 256-bit FMA.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX2 and FMA. All slices must have the same length.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot<const R: usize, const TT: usize>(
+        w: [&[i8]; R],
+        x: [&[f32]; TT],
+    ) -> [[f32; TT]; R] {
+        let n = x.first().map_or(0, |x| x.len());
+        for wk in &w {
+            assert_eq!(wk.len(), n, "q8 avx2: row lengths differ");
+        }
+        for xj in &x {
+            assert_eq!(xj.len(), n, "q8 avx2: activation lengths differ");
+        }
+        let full = n - n % LANES;
+        let mut acc = [[_mm256_setzero_ps(); TT]; R];
+        let mut i = 0;
+        while i < full {
+            let mut wv = [_mm256_setzero_ps(); R];
+            for k in 0..R {
+                // SAFETY: `i + 8 <= full <= n == w[k].len()`, so the 8 bytes read are in
+                // bounds; the load has no alignment requirement.
+                let bytes = unsafe { _mm_loadl_epi64(w[k].as_ptr().add(i).cast()) };
+                wv[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+            }
+            for j in 0..TT {
+                // SAFETY: `i + 8 <= n == x[j].len()`; unaligned load.
+                let xv = unsafe { _mm256_loadu_ps(x[j].as_ptr().add(i)) };
+                for k in 0..R {
+                    acc[k][j] = _mm256_fmadd_ps(wv[k], xv, acc[k][j]);
+                }
+            }
+            i += LANES;
+        }
+        let mut res = [[0f32; TT]; R];
+        for k in 0..R {
+            for j in 0..TT {
+                let mut lanes = [0f32; LANES];
+                // SAFETY: `lanes` holds exactly 8 f32; unaligned store.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[k][j]) };
+                let mut s = hsum(&lanes);
+                for c in full..n {
+                    s += f32::from(w[k][c]) * x[j][c];
+                }
+                res[k][j] = s;
+            }
+        }
+        res
+    }
+}
+
+/// Unit tests reach the portable and AVX2 inner loops directly, which the public op cannot
+/// select; the public op is tested against an f64 reference in `tests/q8_cpu.rs`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    #[test]
+    fn every_inner_loop_matches_an_f64_reference() {
+        let mut isas = vec![Isa::Portable];
+        if Isa::detect() != Isa::Portable {
+            isas.push(Isa::detect());
+        }
+        let mut seed = 7;
+        for &(out, inp) in &[(37, 53), (8, 8), (1, 1), (19, 64), (3, 0)] {
+            let w: Vec<i8> = (0..out * inp)
+                .map(|_| ((lcg(&mut seed) % 255) as i32 - 127) as i8)
+                .collect();
+            let scales: Vec<f16> = (0..out)
+                .map(|_| f16::from_f32(0.001 + (lcg(&mut seed) % 1000) as f32 * 1e-4))
+                .collect();
+            let bias: Vec<f32> = (0..out).map(|o| o as f32 * 0.25 - 3.0).collect();
+            for t in (1..=8).chain([11]) {
+                let x: Vec<f32> = (0..t * inp)
+                    .map(|_| (lcg(&mut seed) % 20001) as f32 * 1e-4 - 1.0)
+                    .collect();
+                for &isa in &isas {
+                    for threads in [1, 3] {
+                        let args = Gemm {
+                            x: &x,
+                            w: &w,
+                            scales: &scales,
+                            bias: Some(&bias),
+                            t,
+                            out,
+                            inp,
+                        };
+                        let y = gemm_split(args, isa, threads, 1);
+                        for tt in 0..t {
+                            for o in 0..out {
+                                let s = f64::from(scales[o].to_f32());
+                                let (mut dot, mut mag) = (0f64, 0f64);
+                                for i in 0..inp {
+                                    let p = f64::from(w[o * inp + i]) * f64::from(x[tt * inp + i]);
+                                    dot += p;
+                                    mag += p.abs();
+                                }
+                                let want = s * dot + f64::from(bias[o]);
+                                let tol = (inp as f64 + 4.0)
+                                    * f64::from(f32::EPSILON)
+                                    * (s * mag + f64::from(bias[o]).abs());
+                                let got = f64::from(y[tt * out + o]);
+                                assert!(
+                                    (got - want).abs() <= tol,
+                                    "{isa:?} threads={threads} [{out},{inp}] t={tt}/{t} o={o}: {got} vs {want} (tol {tol})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The q8 product as a CubeCL kernel (compiled to WGSL on Burn's wgpu backend).
+//!
+//! WGSL has no 8-bit storage, so the kernel binds the int8 tensor's buffer as 32-bit words:
+//! the same bytes, four int8 values per word, little-endian (value `4k + b` of a row is byte
+//! `b` of word `k`). Rows start on word boundaries only if `in % 4 == 0`, which
+//! [`Q8Weight::new`](super::Q8Weight::new) requires on CubeCL devices. The f16 scales are
+//! bound as words too (two per word) and decoded in the kernel, so no f16 shader support is
+//! needed; WebGPU binds buffers in multiples of 4 bytes, which covers an odd row count.
+//!
+//! Layout: a cube is `LANES x GROUPS` threads. Each group of `LANES` threads owns
+//! `ROWS_PER_THREAD` output rows; its lanes stride along those rows together, so each load
+//! instruction reads consecutive words of one row. Every lane keeps `ROWS_PER_THREAD x tile`
+//! f32 accumulators and reads each activation value once for all of its rows. A cube column
+//! (`CUBE_POS_Y`) handles one tile of at most [`TILE`] activation rows; `T > TILE` runs
+//! `ceil(T / TILE)` tiles in one dispatch, each a pass over the weights. The lanes' partial
+//! sums are added through shared memory at the end.
+//!
+//! The kernel is launched on the activation tensor's client, so it is ordered on Burn's
+//! stream after whatever produced `x`, with no host synchronization.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::cubecl;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::ops::Q8Backend;
+
+/// Activation rows per pass over the weights.
+pub const TILE: usize = 8;
+/// Threads that share one output row.
+const LANES: usize = 32;
+/// Row groups per cube.
+const GROUPS: usize = 8;
+/// Output rows per thread.
+const ROWS_PER_THREAD: usize = 4;
+
+/// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
+#[cube]
+fn f16_bits_to_f32(h: u32) -> f32 {
+    let sign = (h >> 15) & 1;
+    let exp = (h >> 10) & 31;
+    let man = h & 1023;
+    let mut mag = f32::reinterpret(((exp + 112) << 23) | (man << 13));
+    if exp == 0 {
+        // Subnormal or zero: man * 2^-24 (0x33800000 is 2^-24), exact in f32.
+        mag = f32::cast_from(man) * f32::reinterpret(0x3380_0000u32);
+    } else if exp == 31 {
+        mag = f32::reinterpret(0x7F80_0000u32 | (man << 13));
+    }
+    if sign == 1 {
+        mag = -mag;
+    }
+    mag
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn q8_gemm_kernel<N: Size>(
+    x: &[Vector<f32, Const<4>>],
+    w: &[Vector<u32, N>],
+    scales: &[u32],
+    bias: &[f32],
+    y: &mut [f32],
+    t_total: usize,
+    out: usize,
+    words: usize,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] has_bias: bool,
+) {
+    let lane = UNIT_POS_X as usize;
+    let group = UNIT_POS_Y as usize;
+    let row0 = (CUBE_POS_X as usize * groups + group) * rows;
+    let t0 = CUBE_POS_Y as usize * tile;
+    let n = N::value();
+    // Vec4 activations per row: in / 4.
+    let x_row = words * n;
+
+    let mut acc = Array::<f32>::new(rows * tile);
+    #[unroll]
+    for i in 0..rows * tile {
+        acc[i] = 0.0;
+    }
+    // Rows and columns past the end read the last valid one (no divergence in the loop);
+    // their results are never written.
+    let mut row_base = Array::<usize>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        let mut row = row0 + r;
+        if row >= out {
+            row = out - 1;
+        }
+        row_base[r] = row * words;
+    }
+    let mut x_base = Array::<usize>::new(tile);
+    #[unroll]
+    for j in 0..tile {
+        let mut t = t0 + j;
+        if t >= t_total {
+            t = t_total - 1;
+        }
+        x_base[j] = t * x_row;
+    }
+
+    let mut k = lane;
+    while k < words {
+        let mut wv = Array::<Vector<u32, N>>::new(rows);
+        #[unroll]
+        for r in 0..rows {
+            wv[r] = w[row_base[r] + k];
+        }
+        #[unroll]
+        for v in 0..n {
+            // Unpack four int8 per row: flipping the sign bits turns each byte into
+            // `value + 128` as an unsigned byte.
+            let mut wf = Array::<f32>::new(rows * 4);
+            #[unroll]
+            for r in 0..rows {
+                let word = wv[r].extract(v) ^ 0x8080_8080u32;
+                #[unroll]
+                for b in 0..4 {
+                    wf[r * 4 + b] = f32::cast_from((word >> (8 * b as u32)) & 255u32) - 128.0;
+                }
+            }
+            let xi = k * n + v;
+            #[unroll]
+            for j in 0..tile {
+                let xv = x[x_base[j] + xi];
+                #[unroll]
+                for r in 0..rows {
+                    let mut a = acc[r * tile + j];
+                    #[unroll]
+                    for b in 0..4 {
+                        a += wf[r * 4 + b] * xv.extract(b);
+                    }
+                    acc[r * tile + j] = a;
+                }
+            }
+        }
+        k += lanes;
+    }
+
+    let mut partial = Shared::<[f32]>::new_slice(lanes * groups * tile);
+    let slot = (group * lanes + lane) * tile;
+    #[unroll]
+    for r in 0..rows {
+        #[unroll]
+        for j in 0..tile {
+            partial[slot + j] = acc[r * tile + j];
+        }
+        sync_cube();
+        if lane < tile {
+            let row = row0 + r;
+            let t = t0 + lane;
+            if row < out && t < t_total {
+                let mut sum = 0.0f32;
+                for l in 0..lanes {
+                    sum += partial[(group * lanes + l) * tile + lane];
+                }
+                let half = (scales[row / 2] >> (16 * (row % 2) as u32)) & 0xFFFFu32;
+                let mut value = sum * f16_bits_to_f32(half);
+                if comptime!(has_bias) {
+                    value += bias[row];
+                }
+                y[t * out + row] = value;
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// Threads per cube of the read kernel (the tree below is written for 256).
+const READ_THREADS: usize = 256;
+
+/// XOR of all words; one result per cube, reduced through shared memory.
+#[cube(launch_unchecked)]
+fn read_kernel<N: Size>(w: &[Vector<u32, N>], partial: &mut [u32], len: usize) {
+    let mut acc = Vector::<u32, N>::new(0u32);
+    let stride = CUBE_COUNT_X as usize * READ_THREADS;
+    let mut i = CUBE_POS_X as usize * READ_THREADS + UNIT_POS_X as usize;
+    while i < len {
+        acc ^= w[i];
+        i += stride;
+    }
+    let mut x = 0u32;
+    #[unroll]
+    for v in 0..N::value() {
+        x ^= acc.extract(v);
+    }
+    let u = UNIT_POS_X as usize;
+    let mut shared = Shared::<[u32]>::new_slice(READ_THREADS);
+    shared[u] = x;
+    sync_cube();
+    if u < 128 {
+        shared[u] ^= shared[u + 128];
+    }
+    sync_cube();
+    if u < 64 {
+        shared[u] ^= shared[u + 64];
+    }
+    sync_cube();
+    if u < 32 {
+        shared[u] ^= shared[u + 32];
+    }
+    sync_cube();
+    if u < 16 {
+        shared[u] ^= shared[u + 16];
+    }
+    sync_cube();
+    if u < 8 {
+        shared[u] ^= shared[u + 8];
+    }
+    sync_cube();
+    if u < 4 {
+        shared[u] ^= shared[u + 4];
+    }
+    sync_cube();
+    if u < 2 {
+        shared[u] ^= shared[u + 2];
+    }
+    sync_cube();
+    if u == 0 {
+        partial[CUBE_POS_X as usize] = shared[0] ^ shared[1];
+    }
+}
+
+fn read(values: &CubeTensor) -> CubeTensor {
+    use super::ops::READ_PARTIALS;
+    assert_eq!(values.dtype, DType::I8, "q8_read: values must be I8");
+    let values = contiguous(values);
+    let bytes = values.meta.shape().num_elements();
+    assert_eq!(bytes % 4, 0, "q8_read: the GPU kernel needs `in` % 4 == 0");
+    let words = bytes / 4;
+    let n = if words.is_multiple_of(4) { 4 } else { 1 };
+    let client = values.client.clone();
+    let out = client.create_from_slice(u32::as_bytes(&[0u32; READ_PARTIALS]));
+    if words > 0 {
+        // SAFETY: `values` holds `words / n` vectors of `n` u32 (the int8 bytes viewed as
+        // words); `out` holds READ_PARTIALS u32, one per cube. Reads are bounded by `len`.
+        unsafe {
+            read_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(READ_PARTIALS as u32, 1, 1),
+                CubeDim::new_1d(READ_THREADS as u32),
+                n,
+                BufferArg::from_raw_parts(values.handle.clone(), words / n),
+                BufferArg::from_raw_parts(out.clone(), READ_PARTIALS),
+                words / n,
+            );
+        }
+    }
+    CubeTensor::new_contiguous(
+        client,
+        values.device.clone(),
+        Shape::new([READ_PARTIALS]),
+        out,
+        DType::U32,
+    )
+}
+
+fn contiguous(t: &CubeTensor) -> CubeTensor {
+    if t.is_contiguous() {
+        t.clone()
+    } else {
+        into_contiguous(t.clone())
+    }
+}
+
+fn run(
+    x: CubeTensor,
+    values: &CubeTensor,
+    scales: &CubeTensor,
+    bias: Option<&CubeTensor>,
+) -> CubeTensor {
+    assert_eq!(x.dtype, DType::F32, "q8_matmul: x must be f32");
+    assert_eq!(values.dtype, DType::I8, "q8_matmul: values must be I8");
+    assert_eq!(scales.dtype, DType::F16, "q8_matmul: scales must be F16");
+    let [t, inp] = x.meta.shape().dims::<2>();
+    let [out, w_in] = values.meta.shape().dims::<2>();
+    assert_eq!(
+        inp, w_in,
+        "q8_matmul: x is [{t}, {inp}], weight [{out}, {w_in}]"
+    );
+    assert_eq!(inp % 4, 0, "q8_matmul: the GPU kernel needs `in` % 4 == 0");
+    let x = contiguous(&x);
+    let values = contiguous(values);
+    let scales = contiguous(scales);
+    let bias = bias.map(contiguous);
+    if let Some(b) = &bias {
+        assert_eq!(b.dtype, DType::F32, "q8_matmul: bias must be f32");
+    }
+    let client = x.client.clone();
+    let device = x.device.clone();
+    let y = if super::poison_outputs() {
+        client.create_from_slice(f32::as_bytes(&vec![f32::NAN; t * out]))
+    } else {
+        client.empty(t * out * size_of::<f32>())
+    };
+    assert!(
+        t > 0 && out > 0 && inp > 0,
+        "q8_matmul: empty operands are handled by q8_linear"
+    );
+    let n = if inp.is_multiple_of(16) {
+        4
+    } else if inp.is_multiple_of(8) {
+        2
+    } else {
+        1
+    };
+    let words = inp / (4 * n);
+    let tile = t.min(TILE);
+    let rows_per_cube = GROUPS * ROWS_PER_THREAD;
+    let count = CubeCount::Static(
+        out.div_ceil(rows_per_cube) as u32,
+        t.div_ceil(tile) as u32,
+        1,
+    );
+    let dim = CubeDim::new_2d(LANES as u32, GROUPS as u32);
+    let bias_arg = bias.as_ref().unwrap_or(&scales);
+    let bias_len = if bias.is_some() { out } else { 1 };
+    // SAFETY: every length below is the number of elements of the stated type that the
+    // buffer holds: `x` is `[t, inp]` f32 (`t * inp / 4` vec4), `values` `[out, inp]` bytes
+    // (`out * words` vectors of `n` words), `scales` `out` f16 rounded up to whole words
+    // (WebGPU binds in 4-byte multiples), `bias` `out` f32 (or one word of the scales, never
+    // read without a bias), `y` `t * out` f32. The kernel clamps every row and column index
+    // to these bounds and writes each `y` element at most once.
+    unsafe {
+        q8_gemm_kernel::launch_unchecked(
+            &client,
+            count,
+            dim,
+            n,
+            BufferArg::from_raw_parts(x.handle.clone(), t * inp / 4),
+            BufferArg::from_raw_parts(values.handle.clone(), out * words),
+            BufferArg::from_raw_parts(scales.handle.clone(), out.div_ceil(2)),
+            BufferArg::from_raw_parts(bias_arg.handle.clone(), bias_len),
+            BufferArg::from_raw_parts(y.clone(), t * out),
+            t,
+            out,
+            words,
+            tile,
+            ROWS_PER_THREAD,
+            LANES,
+            GROUPS,
+            bias.is_some(),
+        );
+    }
+    CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32)
+}
+
+impl Q8Backend for CubeBackend {
+    fn q8_matmul(x: CubeTensor, values: CubeTensor, scales: &CubeTensor) -> CubeTensor {
+        run(x, &values, scales, None)
+    }
+
+    fn q8_matmul_bias(
+        x: CubeTensor,
+        values: CubeTensor,
+        scales: &CubeTensor,
+        bias: &CubeTensor,
+    ) -> CubeTensor {
+        run(x, &values, scales, Some(bias))
+    }
+
+    fn q8_read(values: CubeTensor) -> CubeTensor {
+        read(&values)
+    }
+}

@@ -1,0 +1,124 @@
+//! Shared by the q8 tests: fresh random operands and an f64 reference written from the
+//! format's definition, independent of the crate's kernels.
+#![allow(dead_code)]
+
+use burn::tensor::f16;
+
+/// A xorshift generator seeded from the clock (or `Q8_SEED`), so every run sees new
+/// operands; failures print the seed to replay them.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn fresh() -> Self {
+        let seed = std::env::var("Q8_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("Q8_SEED={seed}");
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Magnitude in [0.1, 1) with a random sign: never zero.
+    pub fn nonzero(&mut self) -> f32 {
+        let m = 0.1 + 0.9 * self.unit();
+        if self.next_u64() & 1 == 0 { m } else { -m }
+    }
+
+    pub fn vec_nonzero(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.nonzero()).collect()
+    }
+
+    /// Int8 values in [-127, 127], every one drawn fresh.
+    pub fn q8_values(&mut self, n: usize) -> Vec<i8> {
+        (0..n)
+            .map(|_| ((self.next_u64() % 255) as i32 - 127) as i8)
+            .collect()
+    }
+
+    /// Positive f16 scales of varied magnitude.
+    pub fn scales(&mut self, n: usize) -> Vec<f16> {
+        (0..n)
+            .map(|_| f16::from_f32(1e-3 * (1.0 + 99.0 * self.unit())))
+            .collect()
+    }
+}
+
+/// `y[t, o]` in f64 and the bound on the f32 result's error.
+///
+/// The kernels multiply, accumulate in f32 and then scale and add the bias, so by the
+/// standard bound for recursive summation the error is at most `gamma_{in+4} * (|s| *
+/// sum_i |q x| + |b|)` with `gamma_n ≈ n * 2^-24` (products, `in` additions spread over lanes
+/// and a final lane sum, the scale and the bias each round once). The check uses
+/// `f32::EPSILON = 2^-23`, twice the unit roundoff, as margin. A wrong element (a missed
+/// row, a wrong scale, a dropped byte) is off by a multiple of a single product, far above
+/// this bound.
+pub fn reference(
+    x: &[f32],
+    q: &[i8],
+    scales: &[f16],
+    bias: Option<&[f32]>,
+    t: usize,
+    out: usize,
+    inp: usize,
+) -> Vec<(f64, f64)> {
+    let mut res = Vec::with_capacity(t * out);
+    for tt in 0..t {
+        for o in 0..out {
+            let s = scales[o].to_f64();
+            let (mut dot, mut mag) = (0f64, 0f64);
+            for i in 0..inp {
+                let p = f64::from(q[o * inp + i]) * f64::from(x[tt * inp + i]);
+                dot += p;
+                mag += p.abs();
+            }
+            let b = bias.map_or(0.0, |b| f64::from(b[o]));
+            let tol = (inp as f64 + 4.0) * f64::from(f32::EPSILON) * (s.abs() * mag + b.abs());
+            res.push((s * dot + b, tol));
+        }
+    }
+    res
+}
+
+/// Asserts `got` (`[t, out]`) is within the bound of the reference everywhere; NaN (an
+/// element the kernel never wrote) fails.
+pub fn assert_close(got: &[f32], want: &[(f64, f64)], out: usize, ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}: length");
+    for (k, (&g, &(w, tol))) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= tol,
+            "{ctx}: y[{}, {}] = {g}, reference {w}, error {err:e} > bound {tol:e}",
+            k / out,
+            k % out
+        );
+    }
+}
+
+/// XOR of `bytes` as little-endian u32 words, the last one zero-padded.
+pub fn xor_words(bytes: &[i8]) -> u32 {
+    bytes.chunks(4).fold(0u32, |x, w| {
+        let mut b = [0u8; 4];
+        for (d, s) in b.iter_mut().zip(w) {
+            *d = *s as u8;
+        }
+        x ^ u32::from_le_bytes(b)
+    })
+}

@@ -1,0 +1,226 @@
+//! The q8 CubeCL kernel on Burn's wgpu backend (WGSL), against an f64 reference computed
+//! here from the same int8 values and scales.
+//!
+//! Run with `cargo test --release -p burn-mapped --features wgpu --test q8_wgpu` (add
+//! `fusion` for Burn's fused stream). Without an adapter the tests skip, unless
+//! `BURN_MAPPED_REQUIRE_GPU=1`, in which case they fail. In CI, Mesa's lavapipe is the
+//! adapter (`apt-get install mesa-vulkan-drivers libvulkan1`).
+#![cfg(feature = "wgpu")]
+
+mod q8_common;
+
+use burn::tensor::{DType, Device, DeviceType, Int, Tensor, TensorData, f16};
+use burn_mapped::q8::{
+    Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight, set_poison_outputs,
+};
+use q8_common::{Rng, assert_close, reference, xor_words};
+
+/// The first wgpu adapter, or `None` (skip) when there is none and a GPU is not required.
+fn gpu() -> Option<Device> {
+    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let found = std::panic::catch_unwind(|| {
+        let device = Device::enumerate(DeviceType::Wgpu).first().cloned()?;
+        // Opening the device proves the adapter works, not just that it is listed.
+        let probe = Tensor::<1>::from_floats([1.0, 2.0], &device) * 2.0;
+        let back = probe.into_data().try_to_vec::<f32>().ok()?;
+        (back == [2.0, 4.0]).then_some(device)
+    })
+    .ok()
+    .flatten();
+    match found {
+        Some(device) => {
+            set_poison_outputs(true);
+            Some(device)
+        }
+        None if required => panic!("BURN_MAPPED_REQUIRE_GPU=1 but no working wgpu adapter"),
+        None => {
+            eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
+            None
+        }
+    }
+}
+
+fn weight(rng: &mut Rng, out: usize, inp: usize, device: &Device) -> (Vec<i8>, Vec<f16>, Q8Weight) {
+    let q = rng.q8_values(out * inp);
+    let s = rng.scales(out);
+    let rows = Q8Rows {
+        values: q.clone(),
+        scales: s.clone(),
+    };
+    let w = Q8Weight::from_rows(&rows, out, inp, device).unwrap();
+    (q, s, w)
+}
+
+fn run(x: &[f32], w: &Q8Weight, bias: Option<&[f32]>, t: usize, device: &Device) -> Vec<f32> {
+    let inp = w.in_features();
+    let x = Tensor::<2>::from_data(TensorData::new(x.to_vec(), [t, inp]), (device, DType::F32));
+    let bias = bias.map(|b| {
+        Tensor::<1>::from_data(TensorData::new(b.to_vec(), [b.len()]), (device, DType::F32))
+    });
+    q8_linear(x, w, bias)
+        .unwrap()
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
+    let Some(device) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    // `in` a multiple of 4 but of neither 8 nor 16 (one word per vector), of 8 only (two),
+    // of 16 (four); `out` not a multiple of the 32 rows a cube covers.
+    for &(out, inp) in &[(37, 52), (45, 56), (70, 96), (1, 4)] {
+        let (q, s, w) = weight(&mut rng, out, inp, &device);
+        for t in (1..=8).chain([11]) {
+            let x = rng.vec_nonzero(t * inp);
+            let b = rng.vec_nonzero(out);
+            for bias in [None, Some(b.as_slice())] {
+                let got = run(&x, &w, bias, t, &device);
+                let want = reference(&x, &q, &s, bias, t, out, inp);
+                let ctx = format!("wgpu [{out}, {inp}] T={t} bias={}", bias.is_some());
+                assert_close(&got, &want, out, &ctx);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_kernel_reads_x_produced_by_earlier_ops_on_the_same_stream() {
+    let Some(device) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    let (out, inp, t) = (33, 64, 5);
+    let (q, s, w) = weight(&mut rng, out, inp, &device);
+    let x0 = rng.vec_nonzero(t * inp);
+    // x = (x0 * 3 - 1) computed on the device right before the op, never read back first.
+    let x = Tensor::<2>::from_data(TensorData::new(x0.clone(), [t, inp]), (&device, DType::F32))
+        .mul_scalar(3.0)
+        .sub_scalar(1.0);
+    let y = q8_linear(x, &w, None).unwrap();
+    // And the result feeds further device ops.
+    let y = (y * 2.0).into_data().try_to_vec::<f32>().unwrap();
+    let x_host: Vec<f32> = x0.iter().map(|v| v * 3.0 - 1.0).collect();
+    let want: Vec<(f64, f64)> = reference(&x_host, &q, &s, None, t, out, inp)
+        .into_iter()
+        .map(|(v, tol)| (2.0 * v, 2.0 * tol + 2.0 * v.abs() * f64::from(f32::EPSILON)))
+        .collect();
+    assert_close(&y, &want, out, "chained");
+}
+
+#[test]
+fn scales_decode_exactly_including_subnormal_and_zero() {
+    let Some(device) = gpu() else { return };
+    let (out, inp) = (5, 8);
+    let q: Vec<i8> = (0..out * inp).map(|k| (k as i32 % 17 - 8) as i8).collect();
+    let s = vec![
+        f16::from_bits(0x0001), // smallest subnormal
+        f16::from_bits(0x03FF), // largest subnormal
+        f16::ZERO,
+        f16::from_f32(-0.75),
+        f16::MAX,
+    ];
+    let w = Q8Weight::from_rows(
+        &Q8Rows {
+            values: q.clone(),
+            scales: s.clone(),
+        },
+        out,
+        inp,
+        &device,
+    )
+    .unwrap();
+    let x: Vec<f32> = (0..inp).map(|i| 0.5 + i as f32 * 0.125).collect();
+    let got = run(&x, &w, None, 1, &device);
+    assert_close(
+        &got,
+        &reference(&x, &q, &s, None, 1, out, inp),
+        out,
+        "scales",
+    );
+}
+
+#[test]
+fn a_width_not_a_multiple_of_four_is_refused_on_the_gpu() {
+    let Some(device) = gpu() else { return };
+    let values = Tensor::<2, Int>::from_data(
+        TensorData::new(vec![1i8; 3 * 53], [3, 53]),
+        (&device, DType::I8),
+    );
+    let scales = Tensor::<1>::from_data(
+        TensorData::new(vec![f16::ONE; 3], [3]),
+        (&device, DType::F16),
+    );
+    assert!(matches!(
+        Q8Weight::new(values, scales),
+        Err(Q8Error::GpuPacking { out: 3, inp: 53 })
+    ));
+}
+
+#[test]
+fn read_weight_reads_every_word_on_the_gpu() {
+    let Some(device) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    // Word counts with and without a multiple of 4 (vec4 or scalar loads), and one far
+    // larger than the read kernel's 1024 x 256 threads (grid-stride loop).
+    for &(out, inp) in &[(37, 52), (40, 64), (1100, 1028)] {
+        let q = rng.q8_values(out * inp);
+        let rows = Q8Rows {
+            values: q.clone(),
+            scales: vec![f16::ONE; out],
+        };
+        let w = Q8Weight::from_rows(&rows, out, inp, &device).unwrap();
+        let partials: Vec<u32> = read_weight(&w).into_data().try_to_vec().unwrap();
+        assert_eq!(partials.len(), READ_PARTIALS);
+        let x = partials.iter().fold(0, |x, p| x ^ p);
+        assert_eq!(x, xor_words(&q), "[{out}, {inp}]");
+    }
+}
+
+/// With the `fusion` feature the op is a custom operation in Burn's fused stream, between
+/// the fused ops that produce its input and consume its output.
+#[cfg(feature = "fusion")]
+#[test]
+fn under_fusion_the_op_is_registered_as_a_custom_operation() {
+    use std::sync::{Arc, Mutex};
+
+    use burn::backend::fusion::custom::OperationIr;
+    use burn::backend::fusion::observer::{BlockOperations, FusionObservation, FusionObserver};
+
+    #[derive(Default)]
+    struct Custom(Mutex<Vec<String>>);
+    impl FusionObserver for Custom {
+        fn registered(&self, operation: &OperationIr) {
+            if let OperationIr::Custom(op) = operation {
+                self.0.lock().unwrap().push(op.id.to_string());
+            }
+        }
+        fn block_starts(&self, _: BlockOperations<'_>) {}
+        fn block_ran(&self) {}
+    }
+
+    let Some(device) = gpu() else { return };
+    let mut rng = Rng::fresh();
+    let (out, inp, t) = (40, 64, 3);
+    let (q, s, w) = weight(&mut rng, out, inp, &device);
+    device.sync().unwrap();
+    let seen = Arc::new(Custom::default());
+    let observation = FusionObservation::new(seen.clone());
+    let x0 = rng.vec_nonzero(t * inp);
+    let x = Tensor::<2>::from_data(TensorData::new(x0.clone(), [t, inp]), (&device, DType::F32))
+        .add_scalar(0.5);
+    let y = q8_linear(x, &w, None).unwrap().mul_scalar(-1.0);
+    let y: Vec<f32> = y.into_data().try_to_vec().unwrap();
+    device.sync().unwrap();
+    drop(observation);
+    let ids = seen.0.lock().unwrap().clone();
+    assert!(
+        ids.iter().any(|id| id == "q8_matmul"),
+        "custom ops seen: {ids:?}"
+    );
+    let x_host: Vec<f32> = x0.iter().map(|v| v + 0.5).collect();
+    let want: Vec<(f64, f64)> = reference(&x_host, &q, &s, None, t, out, inp)
+        .into_iter()
+        .map(|(v, tol)| (-v, tol))
+        .collect();
+    assert_close(&y, &want, out, "fused");
+}

@@ -1,0 +1,176 @@
+//! The model's 2-D projections, each either a float [`Linear`] or a packed-int8
+//! [`Q8Linear`], with the same module paths either way.
+
+use burn::module::{
+    Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+    Param, ParamId,
+};
+use burn::nn::Linear;
+use burn::tensor::{DType, Device, Int, Shape, Tensor};
+use burn_mapped::q8::{Q8Error, Q8Weight, q8_linear};
+
+/// A q8 linear layer: `y = (x W^T) * scale + bias` with `W` int8 `[out, in]` and one f16 scale
+/// per output row. Parameter names match the store's q8 tensors: `weight` (I8),
+/// `weight_scale` (F16) and the float `bias`.
+#[derive(Module, Debug)]
+pub struct Q8Linear {
+    /// `[out, in]`, dtype I8.
+    pub weight: Param<Tensor<2, Int>>,
+    /// `[out]`, dtype F16.
+    pub weight_scale: Param<Tensor<1>>,
+    /// `[out]`, float.
+    pub bias: Option<Param<Tensor<1>>>,
+}
+
+impl Q8Linear {
+    /// A layer whose parameters stay uninitialized (zeros of the right dtype if read) until a
+    /// record or store is loaded over them.
+    pub fn new_lazy(d_in: usize, d_out: usize, bias: bool, device: &Device) -> Self {
+        let lazy_int = |shape: [usize; 2], dtype: DType| {
+            Param::uninitialized(
+                ParamId::new(),
+                move |device: &Device, _| Tensor::<2, Int>::zeros(shape, (device, dtype)),
+                device.clone(),
+                false,
+                Shape::new(shape),
+            )
+        };
+        let lazy_float = |len: usize, dtype: DType| {
+            Param::uninitialized(
+                ParamId::new(),
+                move |device: &Device, _| Tensor::<1>::zeros([len], (device, dtype)),
+                device.clone(),
+                false,
+                Shape::new([len]),
+            )
+        };
+        Self {
+            weight: lazy_int([d_out, d_in], DType::I8),
+            weight_scale: lazy_float(d_out, DType::F16),
+            bias: bias.then(|| lazy_float(d_out, DType::F32)),
+        }
+    }
+
+    /// The weight as the op takes it, checked (dtype I8 / F16, shapes, devices).
+    pub fn q8_weight(&self) -> Result<Q8Weight, Q8Error> {
+        Q8Weight::new(self.weight.val(), self.weight_scale.val())
+    }
+
+    /// Applies the layer to the last dimension of `x` (`[..., in]` to `[..., out]`); leading
+    /// dimensions are flattened into the op's activation rows.
+    ///
+    /// # Panics
+    ///
+    /// If the loaded parameters are not a q8 weight of `x`'s width (a loader bug: check
+    /// stores with [`q8_weight`](Self::q8_weight) after loading).
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let weight = self
+            .q8_weight()
+            .unwrap_or_else(|e| panic!("Q8Linear parameters: {e}"));
+        let dims = x.dims();
+        let inp = dims[D - 1];
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let y = q8_linear(
+            x.reshape([rows, inp]),
+            &weight,
+            self.bias.as_ref().map(|b| b.val()),
+        )
+        .unwrap_or_else(|e| panic!("Q8Linear: {e}"));
+        let mut out = dims;
+        out[D - 1] = weight.out_features();
+        y.reshape(out)
+    }
+}
+
+/// A projection stored as float or as q8.
+///
+/// Its `Module` implementation is transparent: it visits the inner layer without adding a
+/// path segment (a derived enum would add the variant name), so `q_proj.weight` is the
+/// parameter's path for both kinds and stores need no remapping.
+#[derive(Debug, Clone)]
+pub enum Projection {
+    /// Float weights (`weight` `[out, in]`, `LinearLayout::Col`).
+    Float(Linear),
+    /// Int8 weights with per-row f16 scales.
+    Q8(Q8Linear),
+}
+
+impl Projection {
+    /// Applies the projection to the last dimension of `x`.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        match self {
+            Projection::Float(linear) => linear.forward(x),
+            Projection::Q8(q8) => q8.forward(x),
+        }
+    }
+
+    /// Whether the weights are q8.
+    pub fn is_q8(&self) -> bool {
+        matches!(self, Projection::Q8(_))
+    }
+}
+
+macro_rules! each {
+    ($self:expr, |$m:ident| $body:expr) => {
+        match $self {
+            Projection::Float($m) => $body,
+            Projection::Q8($m) => $body,
+        }
+    };
+    ($self:expr, |$m:ident| wrap $body:expr) => {
+        match $self {
+            Projection::Float($m) => Projection::Float($body),
+            Projection::Q8($m) => Projection::Q8($body),
+        }
+    };
+}
+
+impl Module for Projection {
+    fn collect_devices(&self, devices: Devices) -> Devices {
+        each!(self, |m| m.collect_devices(devices))
+    }
+
+    fn fork(self, device: &Device) -> Self {
+        each!(self, |m| wrap m.fork(device))
+    }
+
+    fn to_device(self, device: &Device) -> Self {
+        each!(self, |m| wrap m.to_device(device))
+    }
+
+    fn train(self) -> Self {
+        each!(self, |m| wrap m.train())
+    }
+
+    fn valid(&self) -> Self {
+        each!(self, |m| wrap m.valid())
+    }
+
+    fn materialize(self) -> Self {
+        each!(self, |m| wrap m.materialize())
+    }
+
+    fn num_params(&self) -> usize {
+        each!(self, |m| Module::num_params(m))
+    }
+
+    fn visit<Visitor: ModuleVisitor>(&self, visitor: &mut Visitor) {
+        each!(self, |m| m.visit(visitor))
+    }
+
+    fn map<Mapper: ModuleMapper>(self, mapper: &mut Mapper) -> Self {
+        each!(self, |m| wrap m.map(mapper))
+    }
+}
+
+impl ModuleDisplayDefault for Projection {
+    fn content(&self, content: Content) -> Option<Content> {
+        each!(self, |m| content.add_single(m).optional())
+    }
+
+    fn num_params(&self) -> usize {
+        Module::num_params(self)
+    }
+}
+
+impl ModuleDisplay for Projection {}

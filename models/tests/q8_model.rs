@@ -1,0 +1,189 @@
+//! A Qwen2 store with q8 projections: the model picks `Q8Linear` from the manifest, loads
+//! by the same module paths, and computes what the float model computes on the dequantized
+//! weights (the float path itself is checked against transformers elsewhere).
+
+mod common;
+
+use std::path::Path;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::store::ModuleSnapshot;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_mapped::q8::{dequantize_rows, quantize_rows, write_q8};
+use burn_mapped::{MappedStore, StoreWriter, TensorSpec};
+use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, argmax};
+use common::{fixture, relative_error};
+
+/// Every tensor of a float32 safetensors file: name, shape, values.
+fn read_safetensors(path: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut out: Vec<_> = header
+        .into_iter()
+        .filter(|(k, _)| k != "__metadata__")
+        .map(|(name, v)| {
+            assert_eq!(v["dtype"], "F32", "{name}");
+            let shape: Vec<usize> = v["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            let off = v["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            let values = data[a..b]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (name, shape, values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn is_projection(name: &str) -> bool {
+    name.ends_with("_proj.weight") || name == "lm_head.weight"
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Writes the fixture twice: with q8 projections, and all-float with those projections
+/// replaced by their dequantized values.
+fn write_stores(variant: &str, q8_dir: &Path, deq_dir: &Path) {
+    let tensors = read_safetensors(&fixture(variant).join("model.safetensors"));
+    let mut q8 = StoreWriter::create(q8_dir).unwrap();
+    let mut deq = StoreWriter::create(deq_dir).unwrap();
+    for (name, shape, values) in tensors {
+        let spec = TensorSpec::new(&name, DType::F32, shape.clone());
+        if is_projection(&name) {
+            let (out, inp) = (shape[0], shape[1]);
+            let written = write_q8(&mut q8, &name, &values, out, inp).unwrap();
+            assert!(
+                written.relative_error < 0.01,
+                "{name}: {}",
+                written.relative_error
+            );
+            let rows = quantize_rows(&values, out, inp).unwrap();
+            let w = dequantize_rows(&rows.values, &rows.scales, out, inp).unwrap();
+            deq.add(spec, &f32_bytes(&w)).unwrap();
+        } else {
+            q8.add(spec.clone(), &f32_bytes(&values)).unwrap();
+            deq.add(spec, &f32_bytes(&values)).unwrap();
+        }
+    }
+    q8.finish().unwrap();
+    deq.finish().unwrap();
+}
+
+fn load(config: &Qwen2Config, dir: &Path, device: &Device) -> Qwen2ForCausalLM {
+    let mut store = MappedStore::open(dir).unwrap();
+    let mut model = config.try_init_for_store(device, store.manifest()).unwrap();
+    model.load_from(&mut store).unwrap();
+    model
+}
+
+fn tokens(ids: &[i64], device: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), device)
+}
+
+#[derive(Default)]
+struct IntParams(Vec<(String, DType)>, Vec<String>);
+
+impl ModuleVisitor for IntParams {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.1.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.1.pop();
+    }
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+        self.0.push((self.1.join("."), param.val().dtype()));
+    }
+}
+
+#[test]
+fn q8_projections_load_by_their_paths_and_match_the_dequantized_float_model() {
+    let device = Device::flex();
+    for variant in ["untied", "tied"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (q8_dir, deq_dir) = (dir.path().join("q8"), dir.path().join("deq"));
+        write_stores(variant, &q8_dir, &deq_dir);
+        let config = Qwen2Config::from_hf_json(fixture(variant).join("config.json")).unwrap();
+        let q8 = load(&config, &q8_dir, &device);
+        let float = load(&config, &deq_dir, &device);
+
+        let layer = &q8.model.layers[0];
+        for p in [
+            &layer.self_attn.q_proj,
+            &layer.self_attn.k_proj,
+            &layer.self_attn.v_proj,
+            &layer.self_attn.o_proj,
+            &layer.mlp.gate_proj,
+            &layer.mlp.up_proj,
+            &layer.mlp.down_proj,
+        ] {
+            assert!(p.is_q8(), "{variant}");
+        }
+        assert!(!float.model.layers[0].self_attn.q_proj.is_q8());
+        assert_eq!(
+            q8.lm_head.as_ref().map(|h| h.is_q8()),
+            (variant == "untied").then_some(true)
+        );
+        // Int parameters are the int8 weights at the HF paths, loaded as I8.
+        let mut ints = IntParams::default();
+        q8.visit(&mut ints);
+        assert!(ints.0.iter().all(|(_, d)| *d == DType::I8));
+        assert!(
+            ints.0
+                .iter()
+                .any(|(p, _)| p == "model.layers.1.mlp.down_proj.weight")
+        );
+
+        // Prefill (T = prompt length) then single-token decode (T = 1).
+        let prompt = [3i64, 17, 42, 8, 99, 5];
+        let mut cq = q8.new_cache(1, 16);
+        let mut cf = float.new_cache(1, 16);
+        let lq = q8.forward(tokens(&prompt, &device), &mut cq).unwrap();
+        let lf = float.forward(tokens(&prompt, &device), &mut cf).unwrap();
+        let (lq, lf) = (
+            lq.try_into_vec_as::<f32>().unwrap(),
+            lf.try_into_vec_as::<f32>().unwrap(),
+        );
+        let vocab = config.vocab_size;
+        for (pos, (a, b)) in lq.chunks(vocab).zip(lf.chunks(vocab)).enumerate() {
+            let err = relative_error(a, b);
+            assert!(err < 1e-4, "{variant} prefill {pos}: {err:e}");
+        }
+        let mut token = argmax(lq.chunks(vocab).last().unwrap()).unwrap() as i64;
+        for step in 0..4 {
+            let a = q8.forward_last(tokens(&[token], &device), &mut cq).unwrap();
+            let b = float
+                .forward_last(tokens(&[token], &device), &mut cf)
+                .unwrap();
+            let (a, b) = (
+                a.try_into_vec_as::<f32>().unwrap(),
+                b.try_into_vec_as::<f32>().unwrap(),
+            );
+            let err = relative_error(&a, &b);
+            assert!(err < 1e-4, "{variant} decode {step}: {err:e}");
+            token = argmax(&b).unwrap() as i64;
+        }
+    }
+}
+
+#[test]
+fn the_float_init_is_unchanged_without_q8_tensors() {
+    let config = Qwen2Config::from_hf_json(fixture("untied").join("config.json")).unwrap();
+    let model = config.init(&Device::flex());
+    assert!(!model.model.layers[1].mlp.up_proj.is_q8());
+    assert!(!model.lm_head.unwrap().is_q8());
+}
