@@ -307,7 +307,12 @@ impl Manifest {
 
     /// The entry named `name`.
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
-        self.index.get(name).map(|&i| &self.tensors[i])
+        self.position(name).map(|i| &self.tensors[i])
+    }
+
+    /// Index of the entry named `name` in [`tensors`](Self::tensors).
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
     }
 
     /// Free-form string metadata (model configuration, provenance).

@@ -106,9 +106,7 @@ impl MappedStore {
 
     fn index(&self, name: &str) -> Result<usize, StoreError> {
         self.manifest
-            .tensors()
-            .iter()
-            .position(|t| t.name() == name)
+            .position(name)
             .ok_or_else(|| StoreError::TensorNotFound {
                 tensor: name.to_string(),
                 dir: self.dir.clone(),
