@@ -38,7 +38,7 @@ fn assert_adopted(net: &Net, dir: &std::path::Path) {
 
 #[test]
 fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
-    let device = Device::default();
+    let device = Device::flex();
     let original = Net::init(&device);
     let expected = original.forward(tokens(&device)).into_data();
 
@@ -62,7 +62,7 @@ fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
 
 #[test]
 fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
-    let device = Device::default();
+    let device = Device::flex();
     let original = Net::init(&device);
     let expected = original.forward(tokens(&device)).into_data();
 
@@ -86,7 +86,7 @@ fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
 
 #[test]
 fn adopted_tensor_data_is_the_mapping_and_survives_the_store() {
-    let device = Device::default();
+    let device = Device::flex();
     let tmp = tempdir();
     let dir = tmp.path().join("store");
     MappedRecorder::default()
@@ -105,7 +105,7 @@ fn adopted_tensor_data_is_the_mapping_and_survives_the_store() {
 
 #[test]
 fn rewriting_a_store_leaves_live_mappings_on_the_old_bytes() {
-    let device = Device::default();
+    let device = Device::flex();
     let tmp = tempdir();
     let dir = tmp.path().join("store");
     let first = Net::init(&device);

@@ -1039,7 +1039,7 @@ fn param_ids<M: Module>(module: &M) -> Vec<(String, u64)> {
 
 #[test]
 fn a_module_saved_by_burn_converts_and_loads_back_with_the_same_forward_pass() {
-    let device = Device::default();
+    let device = Device::flex();
     let original = Net::init(&device);
     let expected = original.forward(tokens(&device)).into_data();
     let tmp = tempdir();

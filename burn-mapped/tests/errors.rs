@@ -219,7 +219,7 @@ fn verify_reports_dirty_padding() {
 
 #[test]
 fn rejects_a_shape_mismatch_against_the_module() {
-    let device = Device::default();
+    let device = Device::flex();
     let tmp = tempdir();
     let dir = tmp.path().join("store");
     MappedRecorder::default()

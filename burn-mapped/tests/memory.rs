@@ -86,7 +86,7 @@ fn loading_a_large_module_grows_anonymous_memory_by_under_two_percent() {
     let bpk = tmp.path().join("big.bpk");
     let st = tmp.path().join("big.safetensors");
     {
-        let mut module = Big::init(&Device::default());
+        let mut module = Big::init(&Device::flex());
         module
             .load_from(&mut MappedStore::open(&store).unwrap())
             .unwrap();
@@ -131,7 +131,7 @@ fn loading_a_large_module_grows_anonymous_memory_by_under_two_percent() {
 #[ignore = "child process of loading_a_large_module_grows_anonymous_memory_by_under_two_percent"]
 fn child_loads_big_module() {
     let env = |k: &str| std::env::var(k).unwrap();
-    let device = Device::default();
+    let device = Device::flex();
     let before = rss_self().unwrap().anon;
     let module = Big::init(&device);
     let module = match env("BM_ARM").as_str() {
@@ -164,7 +164,7 @@ fn child_loads_big_module() {
 
 #[test]
 fn two_processes_mapping_one_store_share_its_pages() {
-    let device = Device::default();
+    let device = Device::flex();
     let tmp = tempdir();
     let dir = tmp.path().join("store");
     MappedRecorder::default()

@@ -10,7 +10,7 @@ use burn_mapped::{MappedRecorder, MappedStore, REFUSAL, StoreError, StrictMode};
 use common::*;
 
 fn store_with_net() -> (tempfile::TempDir, std::path::PathBuf, Net) {
-    let device = Device::default();
+    let device = Device::flex();
     let tmp = tempdir();
     let dir = tmp.path().join("store");
     let net = Net::init(&device);
@@ -19,7 +19,7 @@ fn store_with_net() -> (tempfile::TempDir, std::path::PathBuf, Net) {
 }
 
 fn load(dir: &std::path::Path, strict: bool) -> Net {
-    let mut net = Net::init(&Device::default());
+    let mut net = Net::init(&Device::flex());
     let mut store = MappedStore::options().strict(strict).open(dir).unwrap();
     net.load_from(&mut store).unwrap();
     net
@@ -51,7 +51,7 @@ fn strict_mode_runs_a_full_forward_pass() {
     let (_tmp, dir, original) = store_with_net();
     let before = file_snapshot(&dir);
     let net = load(&dir, true);
-    let device = Device::default();
+    let device = Device::flex();
     let got = net.forward(tokens(&device)).into_data();
     let expected = original.forward(tokens(&device)).into_data();
     assert_eq!(got.as_bytes(), expected.as_bytes());

@@ -7,7 +7,7 @@
 //! use burn::module::Module;
 //! use burn_mapped_models::qwen2::{Qwen2Config, Sampler};
 //!
-//! let device = burn::tensor::Device::default();
+//! let device = burn::tensor::Device::flex();
 //! let config = Qwen2Config::from_hf_json("config.json")?;
 //! let model = config.init(&device); // parameters stay uninitialized until loaded
 //! # let record: burn::store::ModuleRecord = unimplemented!();

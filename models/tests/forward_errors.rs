@@ -9,7 +9,7 @@ use common::load;
 fn tokens(ids: &[i64], batch: usize) -> Tensor<2, Int> {
     Tensor::from_data(
         TensorData::new(ids.to_vec(), [batch, ids.len() / batch]),
-        &Default::default(),
+        &burn::tensor::Device::flex(),
     )
 }
 
@@ -81,7 +81,7 @@ fn rejects_an_empty_input() {
     let mut cache = model.new_cache(1, 8);
     let empty = Tensor::<2, Int>::from_data(
         TensorData::new(Vec::<i64>::new(), [1, 0]),
-        &Default::default(),
+        &burn::tensor::Device::flex(),
     );
     assert_eq!(
         model.forward(empty, &mut cache).unwrap_err(),

@@ -14,7 +14,7 @@ const MAX_RELATIVE_ERROR: f64 = 1e-4;
 fn tokens(ids: &[u32]) -> Tensor<2, Int> {
     Tensor::from_data(
         TensorData::new(ids.iter().map(|&t| t as i64).collect(), [1, ids.len()]),
-        &Default::default(),
+        &burn::tensor::Device::flex(),
     )
 }
 
@@ -170,7 +170,7 @@ fn a_batch_of_two_keeps_sequences_apart() {
     let mut other = r.prompt.clone();
     other[n - 1] = (other[n - 1] + 1) % r.vocab_size as u32;
     let ids: Vec<i64> = other.iter().chain(&r.prompt).map(|&t| t as i64).collect();
-    let device = Default::default();
+    let device = burn::tensor::Device::flex();
     let batch = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, n]), &device);
     let mut cache = model.new_cache(2, n + 1);
     let logits = rows(model.forward(batch, &mut cache).unwrap());

@@ -145,7 +145,7 @@ fn ms(since: Instant) -> f64 {
 fn child(arm: &str, args: &Args) -> Result<(), String> {
     let dir = args.dir.as_ref().ok_or("--arm needs --dir")?;
     let (mapped, bpk, st) = paths(dir);
-    let device = Device::default();
+    let device = Device::flex();
     let start = Instant::now();
     let fresh = Stack::init(args.layers, args.dim, &device);
     let construct_ms = ms(start);
@@ -228,7 +228,7 @@ fn size_of(path: &Path) -> std::io::Result<u64> {
 
 fn write_inputs(args: &Args, dir: &Path) -> Result<f64, String> {
     let (mapped, bpk, st) = paths(dir);
-    let device = Device::default();
+    let device = Device::flex();
     let model = Stack::init(args.layers, args.dim, &device);
     let t = Instant::now();
     // Materialize the weights once, so the three writers save the same values.

@@ -60,7 +60,7 @@ pub fn reference(variant: &str) -> Reference {
 pub fn load(variant: &str) -> Qwen2ForCausalLM {
     let dir = fixture(variant);
     let config = Qwen2Config::from_hf_json(dir.join("config.json")).unwrap();
-    let mut model = config.init(&Default::default());
+    let mut model = config.init(&burn::tensor::Device::flex());
     let result = SafetensorsStore::from_file(dir.join("model.safetensors"))
         .apply_to(&mut model)
         .unwrap();

@@ -99,7 +99,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
 
     let tokenizer = qwen::load_tokenizer(&paths)?;
-    let device = Device::default();
+    let device = Device::flex();
     let start = Instant::now();
     let loaded = qwen::load(&paths, &device, args.strict)
         .with_context(|| format!("loading {}", paths.store.display()))?;
