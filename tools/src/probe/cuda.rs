@@ -361,13 +361,19 @@ impl Cuda {
             (&raw mut words).cast(),
             (&raw mut out).cast(),
         ];
+        // No more blocks than there are 16-byte pairs per thread: a small tensor gets a small
+        // grid instead of a thousand idle blocks.
+        let pairs = words.div_ceil(2);
+        let blocks = pairs
+            .div_ceil(u64::from(THREADS_PER_BLOCK))
+            .clamp(1, u64::from(self.blocks)) as u32;
         // SAFETY: `function` takes (u64 data, u64 n_words, u64 out) and reads `n_words` words
         // from `data`, which the caller guarantees is readable by the device for that length
         // until the stream reaches this point; `params` point at live locals for the call.
         unsafe {
             result::launch_kernel(
                 self.function,
-                (self.blocks, 1, 1),
+                (blocks, 1, 1),
                 (THREADS_PER_BLOCK, 1, 1),
                 0,
                 self.stream,
