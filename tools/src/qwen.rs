@@ -235,16 +235,16 @@ pub enum PlacementUnsupported {
     /// Only Flex adopts host pages.
     #[error(
         "the `map` placement needs a backend that adopts host memory (cpu); Burn's backend for \
-         {0:?} copies every weight into its own buffers at load, which is `resident`"
+         {0} copies every weight into its own buffers at load, which is `resident`"
     )]
-    MapNeedsFlex(Device),
+    MapNeedsFlex(String),
     /// Per-use copy keeps the at-rest weights in the mapping, which only Flex can hold as
     /// parameters in this loader.
     #[error(
-        "the `per-use-copy` placement is implemented for cpu only: on {0:?} the at-rest weights \
+        "the `per-use-copy` placement is implemented for cpu only: on {0} the at-rest weights \
          would have to stay in host memory beside device-resident norms and embeddings"
     )]
-    PerUseCopyNeedsFlex(Device),
+    PerUseCopyNeedsFlex(String),
 }
 
 /// Opens the store and loads the model with `placement`:
@@ -282,10 +282,10 @@ pub fn load_placed_with(
     let flex = is_flex(device);
     match placement {
         Placement::Map if !flex => {
-            return Err(PlacementUnsupported::MapNeedsFlex(device.clone()).into());
+            return Err(PlacementUnsupported::MapNeedsFlex(format!("{device:?}")).into());
         }
         Placement::PerUseCopy if !flex => {
-            return Err(PlacementUnsupported::PerUseCopyNeedsFlex(device.clone()).into());
+            return Err(PlacementUnsupported::PerUseCopyNeedsFlex(format!("{device:?}")).into());
         }
         _ => {}
     }

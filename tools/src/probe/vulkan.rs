@@ -244,7 +244,7 @@ fn try_imports(
     for region in regions.iter().take(MAX_IMPORTS) {
         // Imports need an aligned base and size; the mapping starts on a page boundary.
         let len = region.len() as u64 / align * align;
-        if len == 0 || (region.as_ptr() as u64) % align != 0 {
+        if len == 0 || !(region.as_ptr() as u64).is_multiple_of(align) {
             continue;
         }
         report.mapping_imports_tried += 1;
