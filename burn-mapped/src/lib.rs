@@ -64,6 +64,7 @@ mod layout;
 mod manifest;
 mod map;
 pub mod memstat;
+mod placement;
 pub mod q8;
 mod readonly;
 mod recorder;
@@ -78,6 +79,7 @@ pub use manifest::{
     MAX_RANK, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,
 };
 pub use map::MappedFile;
+pub use placement::{Placement, Stager, is_flex, owned_copy};
 pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
 pub use recorder::MappedRecorder;
 pub use store::{MappedStore, OpenOptions, verify_dir};

@@ -10,6 +10,7 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 use crate::error::StoreError;
 use crate::image;
 use crate::manifest::Manifest;
+use crate::placement::{Placement, shared_owned_copy};
 use crate::writer::{StoreWriter, TensorSpec};
 
 /// Records modules to stores and loads stores as records.
@@ -24,10 +25,23 @@ use crate::writer::{StoreWriter, TensorSpec};
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MappedRecorder {
-    _private: (),
+    placement: Placement,
 }
 
 impl MappedRecorder {
+    /// A recorder whose [`load`](Self::load) places tensors as `placement` says: the mapped
+    /// pages for `Map` and `PerUseCopy` (the module stages them per use, see
+    /// [`crate::Stager`]), one owned copy of the whole record for `Resident` (the mapping is
+    /// released before `load` returns). The default is `Map`.
+    pub fn with_placement(placement: Placement) -> Self {
+        Self { placement }
+    }
+
+    /// The placement [`load`](Self::load) uses.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
     /// Writes every parameter of `module` (in its saved form, e.g. a `Col`-layout `Linear`
     /// weight as `[out, in]`) into a new store at `dir`, atomically.
     pub fn record<M: Module>(
@@ -48,7 +62,8 @@ impl MappedRecorder {
         writer.finish()
     }
 
-    /// Loads the store at `dir` as a [`ModuleRecord`] without copying tensor bytes.
+    /// Loads the store at `dir` as a [`ModuleRecord`] without copying tensor bytes (unless the
+    /// recorder was made [`with_placement`](Self::with_placement)`(Resident)`).
     ///
     /// The record's tensors are windows into one read-only image in which every tensor file is
     /// mapped shared (see the crate docs). `module.load_record(record)` then adopts the pages:
@@ -60,9 +75,13 @@ impl MappedRecorder {
         let dir = dir.as_ref();
         let manifest = Manifest::read(dir)?;
         let image = image::build(dir, &manifest)?;
-        let shared = bytes::Bytes::from_owner(ImageOwner(image));
-        let bytes =
-            burn::tensor::Bytes::from_shared(shared, burn::tensor::AllocationProperty::File);
+        let bytes = if self.placement().copies_at_load() {
+            // One copy of header and tensors; the image (and every mapping) drops here.
+            shared_owned_copy(image.as_ref().as_ref())
+        } else {
+            let shared = bytes::Bytes::from_owner(ImageOwner(image));
+            burn::tensor::Bytes::from_shared(shared, burn::tensor::AllocationProperty::File)
+        };
         ModuleRecord::from_bytes(bytes).map_err(|e| StoreError::Record(e.to_string()))
     }
 }

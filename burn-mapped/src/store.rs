@@ -10,18 +10,21 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::error::StoreError;
 use crate::manifest::{Manifest, TensorEntry};
 use crate::map::{MapOwner, MappedFile};
+use crate::placement::{Placement, shared_owned_copy};
 use crate::readonly::{MappedController, StrictMode};
 
 /// Options for opening a store.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenOptions {
     strict: StrictMode,
+    placement: Placement,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         Self {
             strict: StrictMode::from_env(),
+            placement: Placement::default(),
         }
     }
 }
@@ -35,6 +38,14 @@ impl OpenOptions {
         } else {
             StrictMode::CopyOnWrite
         };
+        self
+    }
+
+    /// What the tensors handed to a module are: the mapped pages (`Map`, and `PerUseCopy`,
+    /// whose module stages them before each use) or one owned copy each (`Resident`).
+    /// Defaults to `Map`.
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
         self
     }
 
@@ -54,6 +65,7 @@ pub struct MappedStore {
     manifest: Manifest,
     files: Vec<Arc<MappedFile>>,
     strict: StrictMode,
+    placement: Placement,
     // Burn-store wants references into a map it owns; built on first use.
     pack_cache: Option<BTreeMap<String, burn::store::burn_pack::Tensor>>,
 }
@@ -85,6 +97,7 @@ impl MappedStore {
             manifest,
             files,
             strict: options.strict,
+            placement: options.placement,
             pack_cache: None,
         })
     }
@@ -102,6 +115,11 @@ impl MappedStore {
     /// Whether mutable access to mapped bytes is refused.
     pub fn strict(&self) -> StrictMode {
         self.strict
+    }
+
+    /// The placement the store was opened with.
+    pub fn placement(&self) -> Placement {
+        self.placement
     }
 
     fn index(&self, name: &str) -> Result<usize, StoreError> {
@@ -123,7 +141,8 @@ impl MappedStore {
         self.manifest.tensors().iter().zip(&self.files)
     }
 
-    /// Burn [`TensorData`] whose bytes are the file's mapped pages (no copy).
+    /// Burn [`TensorData`] whose bytes are the file's mapped pages (no copy), or, for a store
+    /// opened with [`Placement::Resident`], an owned copy of them.
     ///
     /// A Burn CPU backend that keeps host bytes as storage (Flex) adopts them as they are; a
     /// GPU backend's `from_data` copies them once into device memory (the resident placement).
@@ -142,6 +161,9 @@ impl MappedStore {
     }
 
     pub(crate) fn burn_bytes(&self, file: &Arc<MappedFile>) -> burn::tensor::Bytes {
+        if self.placement.copies_at_load() {
+            return shared_owned_copy(file.bytes());
+        }
         let shared = bytes::Bytes::from_owner(MapOwner(Arc::clone(file)));
         MappedController::new(shared, file.name_arc(), self.strict).into_burn_bytes()
     }

@@ -3,7 +3,9 @@
 //! modules of the `burn-mapped` binary ([`cli`]).
 
 pub mod cli;
+pub mod device;
 pub mod fetch;
+pub mod placement;
 pub mod probe;
 pub mod qwen;
 pub mod select;

@@ -4,14 +4,16 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use burn::module::{Param, ParamId};
+use burn::nn::Linear;
 use burn::store::ModuleSnapshot;
-use burn::tensor::{DType, Device};
+use burn::tensor::{DType, Device, Tensor};
 use burn_mapped::gguf::{
     GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
 };
-use burn_mapped::{MANIFEST_FILE, MappedStore, StoreError};
+use burn_mapped::{MANIFEST_FILE, MappedStore, Placement, Stager, StoreError, is_flex};
 use burn_mapped_models::qwen2::{
-    ConfigError, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name,
+    ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name,
 };
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError};
 
@@ -215,3 +217,166 @@ pub fn load_tokenizer(paths: &ModelPaths) -> Result<Qwen2Tokenizer, QwenError> {
     let gguf = MappedGguf::open(&paths.gguf)?;
     tokenizer_from_gguf(gguf.gguf())
 }
+
+/// A model loaded with a given placement.
+pub struct PlacedQwen {
+    /// The model and its store.
+    pub loaded: LoadedQwen,
+    /// How the weights were placed.
+    pub placement: Placement,
+    /// For `PerUseCopy`: the stager every projection copies through (its counters say how many
+    /// bytes were copied).
+    pub stager: Option<Stager>,
+}
+
+/// A placement the device cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementUnsupported {
+    /// Only Flex adopts host pages.
+    #[error(
+        "the `map` placement needs a backend that adopts host memory (cpu); Burn's backend for \
+         {0} copies every weight into its own buffers at load, which is `resident`"
+    )]
+    MapNeedsFlex(String),
+    /// Per-use copy keeps the at-rest weights in the mapping, which only Flex can hold as
+    /// parameters in this loader.
+    #[error(
+        "the `per-use-copy` placement is implemented for cpu only: on {0} the at-rest weights \
+         would have to stay in host memory beside device-resident norms and embeddings"
+    )]
+    PerUseCopyNeedsFlex(String),
+}
+
+/// Opens the store and loads the model with `placement`:
+///
+/// - `Map`: every weight adopts its mapped pages (Flex only);
+/// - `Resident`: every weight is copied once into owned storage (on a GPU: the normal upload),
+///   and the mapping used for the copy is released;
+/// - `PerUseCopy`: the weights stay adopted at rest and every projection, the tied output head
+///   included, copies its weights into fresh storage before each forward. The embedding lookup
+///   reads one row per token in place.
+///
+/// # Errors
+/// As [`load`], and placements the device cannot serve ([`PlacementUnsupported`]).
+pub fn load_placed(
+    paths: &ModelPaths,
+    device: &Device,
+    strict: bool,
+    placement: Placement,
+) -> Result<PlacedQwen, LoadPlacedError> {
+    load_placed_with(&paths.store, device, strict, placement, config_from_store)
+}
+
+/// [`load_placed`] for any store directory, with the configuration from `config` (for stores
+/// not converted from GGUF).
+///
+/// # Errors
+/// As [`load_placed`], and whatever `config` returns.
+pub fn load_placed_with(
+    store_dir: &Path,
+    device: &Device,
+    strict: bool,
+    placement: Placement,
+    config: impl FnOnce(&MappedStore) -> Result<Qwen2Config, QwenError>,
+) -> Result<PlacedQwen, LoadPlacedError> {
+    let flex = is_flex(device);
+    match placement {
+        Placement::Map if !flex => {
+            return Err(PlacementUnsupported::MapNeedsFlex(format!("{device:?}")).into());
+        }
+        Placement::PerUseCopy if !flex => {
+            return Err(PlacementUnsupported::PerUseCopyNeedsFlex(format!("{device:?}")).into());
+        }
+        _ => {}
+    }
+    let start = Instant::now();
+    let options = MappedStore::options().strict(strict);
+    // Off Flex, `from_data` uploads straight from the mapping: that is the resident copy.
+    let store_placement = if flex { placement } else { Placement::Map };
+    let mut store = options.placement(store_placement).open(store_dir)?;
+    let config = config(&store)?;
+    let mut model = config.try_init_for_store(device, store.manifest())?;
+    model.load_from(&mut store)?;
+    let stager = (placement == Placement::PerUseCopy).then(|| Stager::new(device.clone()));
+    if let Some(stager) = &stager {
+        stage_every_projection(&mut model, &store, stager)?;
+    }
+    if placement == Placement::Resident {
+        // The weights are owned copies now; reopening maps the files without touching a page,
+        // so the copy's source pages leave this process's resident set.
+        store = options.open(store_dir)?;
+    }
+    Ok(PlacedQwen {
+        loaded: LoadedQwen {
+            model,
+            store,
+            model_ready: start.elapsed(),
+        },
+        placement,
+        stager,
+    })
+}
+
+/// Errors of [`load_placed`].
+#[derive(Debug, thiserror::Error)]
+pub enum LoadPlacedError {
+    #[error(transparent)]
+    Load(#[from] QwenError),
+    #[error(transparent)]
+    Unsupported(#[from] PlacementUnsupported),
+}
+
+impl From<StoreError> for LoadPlacedError {
+    fn from(e: StoreError) -> Self {
+        Self::Load(e.into())
+    }
+}
+
+impl From<ConfigError> for LoadPlacedError {
+    fn from(e: ConfigError) -> Self {
+        Self::Load(e.into())
+    }
+}
+
+/// Wraps every projection in [`Projection::PerUseCopy`]; a tied output head (no `lm_head` in
+/// the store) gets its own per-use projection over the embedding's mapped pages.
+fn stage_every_projection(
+    model: &mut Qwen2ForCausalLM,
+    store: &MappedStore,
+    stager: &Stager,
+) -> Result<(), StoreError> {
+    let stage = |p: &mut Projection| *p = p.clone().per_use_copy(stager.clone());
+    for layer in &mut model.model.layers {
+        let attn = &mut layer.self_attn;
+        let mlp = &mut layer.mlp;
+        for p in [
+            &mut attn.q_proj,
+            &mut attn.k_proj,
+            &mut attn.v_proj,
+            &mut attn.o_proj,
+            &mut mlp.gate_proj,
+            &mut mlp.up_proj,
+            &mut mlp.down_proj,
+        ] {
+            stage(p);
+        }
+    }
+    match &mut model.lm_head {
+        Some(head) => stage(head),
+        None => {
+            // `[vocab, hidden]` adopted from the mapping; `Linear` wants `[in, out]`, a view.
+            let table = Tensor::<2>::from_data(
+                store.tensor_data(EMBED_TOKENS)?,
+                &model.model.embed_tokens.weight.lazy_device(),
+            );
+            let head = Linear {
+                weight: Param::initialized(ParamId::new(), table.transpose()),
+                bias: None,
+            };
+            model.lm_head = Some(Projection::Float(head).per_use_copy(stager.clone()));
+        }
+    }
+    Ok(())
+}
+
+const EMBED_TOKENS: &str = "model.embed_tokens.weight";

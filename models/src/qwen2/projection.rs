@@ -7,6 +7,7 @@ use burn::module::{
 };
 use burn::nn::Linear;
 use burn::tensor::{DType, Device, Int, Shape, Tensor};
+use burn_mapped::Stager;
 use burn_mapped::q8::{Q8Error, Q8Weight, q8_linear};
 
 /// A q8 linear layer: `y = (x W^T) * scale + bias` with `W` int8 `[out, in]` and one f16 scale
@@ -93,6 +94,10 @@ pub enum Projection {
     Float(Linear),
     /// Int8 weights with per-row f16 scales.
     Q8(Q8Linear),
+    /// The per-use-copy placement: the inner projection's parameters rest where they were
+    /// loaded (for a store, the mapped pages) and every forward first copies them into fresh
+    /// storage on the stager's device, computes with the copies, and drops them.
+    PerUseCopy(Box<Projection>, Stager),
 }
 
 impl Projection {
@@ -101,12 +106,26 @@ impl Projection {
         match self {
             Projection::Float(linear) => linear.forward(x),
             Projection::Q8(q8) => q8.forward(x),
+            Projection::PerUseCopy(inner, stager) => {
+                stager.stage_module((**inner).clone()).forward(x)
+            }
         }
     }
 
     /// Whether the weights are q8.
     pub fn is_q8(&self) -> bool {
-        matches!(self, Projection::Q8(_))
+        match self {
+            Projection::PerUseCopy(inner, _) => inner.is_q8(),
+            other => matches!(other, Projection::Q8(_)),
+        }
+    }
+
+    /// This projection, staged into fresh storage on `stager`'s device before every forward.
+    pub fn per_use_copy(self, stager: Stager) -> Self {
+        match self {
+            Projection::PerUseCopy(inner, _) => Projection::PerUseCopy(inner, stager),
+            other => Projection::PerUseCopy(Box::new(other), stager),
+        }
     }
 }
 
@@ -115,12 +134,20 @@ macro_rules! each {
         match $self {
             Projection::Float($m) => $body,
             Projection::Q8($m) => $body,
+            Projection::PerUseCopy(inner, _) => {
+                let $m = &**inner;
+                $body
+            }
         }
     };
     ($self:expr, |$m:ident| wrap $body:expr) => {
         match $self {
             Projection::Float($m) => Projection::Float($body),
             Projection::Q8($m) => Projection::Q8($body),
+            Projection::PerUseCopy(inner, stager) => {
+                let $m = *inner;
+                Projection::PerUseCopy(Box::new($body), stager)
+            }
         }
     };
 }
@@ -143,7 +170,13 @@ impl Module for Projection {
     }
 
     fn valid(&self) -> Self {
-        each!(self, |m| wrap m.valid())
+        match self {
+            Projection::Float(m) => Projection::Float(m.valid()),
+            Projection::Q8(m) => Projection::Q8(m.valid()),
+            Projection::PerUseCopy(inner, stager) => {
+                Projection::PerUseCopy(Box::new(inner.valid()), stager.clone())
+            }
+        }
     }
 
     fn materialize(self) -> Self {

@@ -7,14 +7,17 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use burn::tensor::{DType, Device};
+use burn::tensor::DType;
 use burn_mapped::memstat::rss_self;
 use burn_mapped_models::qwen2::{Sampler, Sampling};
 use burn_mapped_models::tokenizer::chat_prompt;
 use serde::Serialize;
 
 use crate::fetch::default_cache_dir;
+use crate::placement::Decision;
 use crate::qwen;
+
+use super::placement::PlacementArgs;
 
 /// Arguments of `burn-mapped generate`.
 #[derive(clap::Args, Debug)]
@@ -55,6 +58,9 @@ pub struct GenerateArgs {
     /// Cache directory for downloads and converted stores.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Device and weight placement.
+    #[command(flatten)]
+    pub place: PlacementArgs,
 }
 
 #[derive(Serialize)]
@@ -63,6 +69,10 @@ struct Summary {
     store: String,
     placement: &'static str,
     device: &'static str,
+    /// The auto placement's decision (probe, verdict, cache), when `--placement auto`.
+    placement_decision: Option<Decision>,
+    /// Bytes the per-use-copy placement copied during the run (0 for the other placements).
+    staged_bytes: u64,
     prompt: String,
     prompt_ids: Vec<u32>,
     generated_ids: Vec<u32>,
@@ -99,10 +109,15 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
 
     let tokenizer = qwen::load_tokenizer(&paths)?;
-    let device = Device::flex();
+    let device = args.place.device.device();
+    let (placement, decision) = args
+        .place
+        .resolve(&paths.store, args.json)
+        .with_context(|| format!("choosing a placement for {}", paths.store.display()))?;
     let start = Instant::now();
-    let loaded = qwen::load(&paths, &device, args.strict)
-        .with_context(|| format!("loading {}", paths.store.display()))?;
+    let placed = qwen::load_placed(&paths, &device, args.strict, placement)
+        .with_context(|| format!("loading {} ({placement})", paths.store.display()))?;
+    let loaded = &placed.loaded;
     let model_ready = start.elapsed();
 
     let prompt = if args.chat {
@@ -157,8 +172,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let summary = Summary {
         model: args.model.clone(),
         store: paths.store.display().to_string(),
-        placement: "map",
-        device: "cpu (flex)",
+        placement: placement.name(),
+        device: args.place.device.name(),
+        placement_decision: decision,
+        staged_bytes: placed.stager.as_ref().map_or(0, |s| s.staged_bytes()),
         text: tokenizer.decode(&generated)?,
         prompt,
         prompt_ids,
@@ -181,7 +198,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let rest = stream.finish();
         println!("{rest}");
         eprintln!(
-            "[model-ready {:.0} ms | first token {:.0} ms | decode {:.2} tok/s over {} tokens | RssAnon {} MiB | RssFile {} MiB]",
+            "[{} on {} | model-ready {:.0} ms | first token {:.0} ms | decode {:.2} tok/s over {} tokens | RssAnon {} MiB | RssFile {} MiB]",
+            summary.placement,
+            summary.device,
             summary.model_ready_ms,
             summary.time_to_first_token_ms,
             summary.decode_tokens_per_s,

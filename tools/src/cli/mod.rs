@@ -4,6 +4,7 @@ pub mod convert;
 pub mod fetch;
 pub mod generate;
 pub mod inspect;
+pub mod placement;
 pub mod probe;
 pub mod select;
 pub mod verify;

@@ -1,17 +1,32 @@
 //! `burn-mapped select`: apply the endpoint rule to rates measured elsewhere.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::ArgGroup;
 
+use crate::probe::ProbeReport;
 use crate::select::{ArmRate, Basis, DEFAULT_THETA, SelectInput, Verdict, select};
 
-/// Rates are decimal GB/s over the whole working set; give each arm a rate or the reason it could not run.
+/// Rates are decimal GB/s over the whole working set; give each arm a rate or the reason it could not
+/// run, or read a probe report with `--from`.
 #[derive(Clone, Debug, clap::Args)]
-#[command(group(ArgGroup::new("map").required(true).args(["map_gbps", "map_unavailable"])))]
-#[command(group(ArgGroup::new("resident").required(true).args(["resident_gbps", "resident_unavailable"])))]
-#[command(group(ArgGroup::new("copy").required(true).args(["copy_gbps", "copy_unavailable"])))]
+#[command(group(ArgGroup::new("map").args(["map_gbps", "map_unavailable"])))]
+#[command(group(ArgGroup::new("resident").args(["resident_gbps", "resident_unavailable"])))]
+#[command(group(ArgGroup::new("copy").args(["copy_gbps", "copy_unavailable"])))]
 pub struct SelectArgs {
+    /// A probe report (JSON from `probe --json` or `cuda_probe`); its rates, W, residency and
+    /// coexistence replace the arguments below.
+    #[arg(
+        long,
+        value_name = "JSON",
+        conflicts_with_all = [
+            "map_gbps", "map_unavailable", "resident_gbps", "resident_unavailable",
+            "copy_gbps", "copy_unavailable", "working_set", "no_coexist", "storage_bound",
+        ]
+    )]
+    pub from: Option<PathBuf>,
     /// Map endpoint rate (GB/s): reading the mapped file pages in place.
     #[arg(long, value_name = "GBPS")]
     pub map_gbps: Option<f64>,
@@ -31,8 +46,8 @@ pub struct SelectArgs {
     #[arg(long, value_name = "REASON")]
     pub copy_unavailable: Option<String>,
     /// Working set W: weight bytes read per token (e.g. 4683198464, 4.36GiB, 119GB).
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
-    pub working_set: u64,
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, required_unless_present = "from")]
+    pub working_set: Option<u64>,
     /// Device storage available to a resident copy; resident is dropped when it is smaller than W.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub resident_capacity: Option<u64>,
@@ -51,32 +66,66 @@ pub struct SelectArgs {
 }
 
 impl SelectArgs {
-    /// The rule's input described by these arguments.
-    pub fn select_input(&self) -> SelectInput {
-        let arm = |gbps: Option<f64>, reason: &Option<String>| match (gbps, reason) {
-            (Some(gbps), _) => ArmRate::measured(gbps),
-            (None, Some(reason)) => ArmRate::unavailable(reason.clone()),
-            // clap's required groups make this unreachable from the command line.
-            (None, None) => ArmRate::unavailable("no rate given"),
+    /// The rule's input described by these arguments (or by the `--from` report).
+    ///
+    /// # Errors
+    /// An arm with neither a rate nor a reason, no working set, or a `--from` file that cannot be
+    /// read as a probe report.
+    pub fn select_input(&self) -> anyhow::Result<SelectInput> {
+        if let Some(path) = &self.from {
+            let mut input = read_probe_report(path)?.select_input();
+            input.resident_capacity_bytes = self.resident_capacity;
+            return Ok(input);
+        }
+        let arm = |name: &str, gbps: Option<f64>, reason: &Option<String>| match (gbps, reason) {
+            (Some(gbps), _) => Ok(ArmRate::measured(gbps)),
+            (None, Some(reason)) => Ok(ArmRate::unavailable(reason.clone())),
+            (None, None) => Err(anyhow::anyhow!(
+                "the {name} arm needs --{name}-gbps or --{name}-unavailable (or use --from)"
+            )),
         };
-        SelectInput {
-            working_set_bytes: self.working_set,
-            map: arm(self.map_gbps, &self.map_unavailable),
-            resident: arm(self.resident_gbps, &self.resident_unavailable),
-            per_use_copy: arm(self.copy_gbps, &self.copy_unavailable),
+        Ok(SelectInput {
+            working_set_bytes: self
+                .working_set
+                .context("--working-set is required without --from")?,
+            map: arm("map", self.map_gbps, &self.map_unavailable)?,
+            resident: arm("resident", self.resident_gbps, &self.resident_unavailable)?,
+            per_use_copy: arm("copy", self.copy_gbps, &self.copy_unavailable)?,
             resident_capacity_bytes: self.resident_capacity,
             resident_coexists: !self.no_coexist,
             mapping_stays_resident: !self.storage_bound,
-        }
+        })
     }
+}
+
+/// Reads a probe report: either a bare [`ProbeReport`] or an object with one under `"probe"`
+/// (what `probe --json` and `cuda_probe` print).
+///
+/// # Errors
+/// Unreadable file, or JSON that is neither shape.
+pub fn read_probe_report(path: &Path) -> anyhow::Result<ProbeReport> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_probe_report(&text).with_context(|| format!("{} is not a probe report", path.display()))
+}
+
+/// [`read_probe_report`] on text.
+///
+/// # Errors
+/// JSON that is neither a report nor an object holding one under `"probe"`.
+pub fn parse_probe_report(text: &str) -> anyhow::Result<ProbeReport> {
+    let value: serde_json::Value = serde_json::from_str(text)?;
+    let inner = value.get("probe").cloned().unwrap_or(value);
+    Ok(serde_json::from_value(inner)?)
 }
 
 /// Runs `select` and prints the verdict (a table, or JSON with `--json`).
 ///
 /// # Errors
-/// The rule's refusals ([`crate::select::SelectError`]) and JSON encoding failures.
+/// The rule's refusals ([`crate::select::SelectError`]), bad arguments or `--from` files, and JSON
+/// encoding failures.
 pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
-    let verdict = select(&args.select_input(), args.theta)?;
+    let verdict = select(&args.select_input()?, args.theta)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);
     } else {
@@ -286,7 +335,7 @@ mod tests {
             "96GB",
         ])
         .unwrap();
-        let verdict = select(&cli.args.select_input(), cli.args.theta).unwrap();
+        let verdict = select(&cli.args.select_input().unwrap(), cli.args.theta).unwrap();
         assert_eq!(verdict.chosen, crate::select::Endpoint::Map);
         let table = render_verdict(&verdict);
         assert!(
@@ -302,7 +351,11 @@ mod tests {
             "1",
             "--working-set",
             "1GB",
-        ]);
-        assert!(missing.is_err(), "resident needs a rate or a reason");
+        ])
+        .unwrap();
+        let err = missing.args.select_input().unwrap_err().to_string();
+        assert!(err.contains("--resident-gbps"), "{err}");
+        let no_w = Cli::try_parse_from(["select", "--map-gbps", "1"]);
+        assert!(no_w.is_err(), "W is required without --from");
     }
 }

@@ -5,9 +5,16 @@
 //! Rates are measured over the whole deployed working set, never a smaller buffer: a resident arm smaller
 //! than `W` measures cache residency instead and overstates the endpoint (paper §6.1, §8.1).
 //!
-//! Only the CPU probe exists so far ([`cpu::probe_cpu`]).
+//! [`cpu::probe_cpu`] measures host memory; [`burn_device::probe_device`] measures what this project's
+//! loader placements do on a Burn device (wgpu, vulkan); the CUDA probe is the separate
+//! `cuda_probe` binary (cargo feature `cuda-probe`).
 
+pub mod burn_device;
 pub mod cpu;
+#[cfg(feature = "cuda-probe")]
+pub mod cuda;
+#[cfg(feature = "vulkan-probe")]
+pub mod vulkan;
 
 use std::io;
 use std::path::{Path, PathBuf};

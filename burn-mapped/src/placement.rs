@@ -1,0 +1,183 @@
+//! Where loaded weights live: the mechanism half of placement (which one to pick is policy,
+//! and lives in `burn-mapped-tools`).
+//!
+//! - [`Placement::Map`]: tensors adopt the mapped file pages. On Flex the parameters *are* the
+//!   page cache; on a CubeCL backend `from_data` uploads them once (there, map is not
+//!   available and the upload is the resident placement).
+//! - [`Placement::Resident`]: loading copies each tensor once into storage the process owns
+//!   ([`owned_copy`]); the mapping is released by the loader and only the copy is read.
+//! - [`Placement::PerUseCopy`]: the weights rest in the mapping (loaded as for `Map`) and are
+//!   copied into fresh storage on the compute device before every use, by a [`Stager`]. A
+//!   loader cannot make an arbitrary module do that; the module stages through a `Stager`
+//!   (`Stager::stage_module` re-materializes a whole module or layer per call).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::kind::Basic;
+use burn::tensor::{BackendPrimitive, Bytes, Device, Int, Tensor, TensorData};
+
+/// One of the three endpoints through which a device reaches the weight bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Adopt the mapped pages; no copy (on backends that can adopt host memory).
+    #[default]
+    Map,
+    /// Copy once into owned storage at load and read that copy.
+    Resident,
+    /// Keep the mapping at rest and copy into fresh storage before every use.
+    PerUseCopy,
+}
+
+impl Placement {
+    /// The command-line spelling: `map`, `resident`, `per-use-copy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Map => "map",
+            Placement::Resident => "resident",
+            Placement::PerUseCopy => "per-use-copy",
+        }
+    }
+
+    /// Whether loading copies the bytes (only `Resident`: per-use copy stages later).
+    pub(crate) fn copies_at_load(self) -> bool {
+        self == Placement::Resident
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A fresh, 16-byte aligned buffer holding a copy of `src`: exactly one `memcpy`.
+///
+/// `Bytes::from_bytes_vec` would copy a second time to raise a `Vec<u8>`'s alignment; starting
+/// from an empty `u128` allocation of the right capacity avoids that.
+pub fn owned_copy(src: &[u8]) -> Bytes {
+    let mut bytes = Bytes::from_elems(Vec::<u128>::with_capacity(src.len().div_ceil(16)));
+    bytes.extend_from_byte_slice(src);
+    bytes
+}
+
+/// [`owned_copy`] behind a reference count, so that handing it to Burn (which clones tensor
+/// bytes while applying a record) shares the one copy instead of duplicating it.
+pub(crate) fn shared_owned_copy(src: &[u8]) -> Bytes {
+    struct Owned(Bytes);
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    let shared = bytes::Bytes::from_owner(Owned(owned_copy(src)));
+    Bytes::from_shared(shared, burn::tensor::AllocationProperty::Native)
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    bytes: AtomicU64,
+    tensors: AtomicU64,
+}
+
+/// Copies tensors into fresh storage on one compute device, every call, and counts the bytes.
+///
+/// This is the per-use-copy endpoint: the stock streaming path that stages each weight before
+/// it is used. On Flex a staged tensor is one `memcpy` of the source's storage into a new
+/// buffer (same layout, so a transposed `Col` weight stays a view and the copy stays a plain
+/// `memcpy`); on another backend it is a contiguous host copy (the staging buffer) uploaded by
+/// `from_data`. Clones share the counters.
+#[derive(Clone, Debug)]
+pub struct Stager {
+    device: Device,
+    counts: Arc<Counts>,
+}
+
+impl Stager {
+    /// A stager that places its copies on `device`.
+    pub fn new(device: Device) -> Self {
+        Self {
+            device,
+            counts: Arc::default(),
+        }
+    }
+
+    /// The compute device the copies land on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes copied so far by this stager and its clones.
+    pub fn staged_bytes(&self) -> u64 {
+        self.counts.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Tensors copied so far by this stager and its clones.
+    pub fn staged_tensors(&self) -> u64 {
+        self.counts.tensors.load(Ordering::Relaxed)
+    }
+
+    /// A copy of `tensor` in fresh storage on the stager's device (see the type docs).
+    pub fn stage<const D: usize, K>(&self, tensor: Tensor<D, K>) -> Tensor<D, K>
+    where
+        K: Basic + BackendPrimitive<Flex, Primitive = FlexTensor>,
+    {
+        let to_flex = is_flex(&self.device);
+        let (staged, bytes) = match tensor.clone().try_into_primitive::<Flex>() {
+            Ok(flex) if to_flex => {
+                let copy = owned_copy(flex.bytes());
+                let bytes = copy.len();
+                let fresh = FlexTensor::new(copy, flex.layout().clone(), flex.dtype());
+                (Tensor::from_primitive::<Flex>(fresh), bytes)
+            }
+            Ok(flex) if flex.is_contiguous() && flex.layout().start_offset() == 0 => {
+                let len = flex.layout().num_elements() * flex.dtype().size();
+                let data = TensorData::from_bytes(
+                    owned_copy(&flex.bytes()[..len]),
+                    flex.layout().shape().clone(),
+                    flex.dtype(),
+                );
+                (Tensor::from_data(data, &self.device), len)
+            }
+            // A strided host view, or a tensor on another backend: reading it back is the copy.
+            _ => {
+                let data = tensor.into_data();
+                let bytes = data.as_bytes().len();
+                (Tensor::from_data(data, &self.device), bytes)
+            }
+        };
+        self.counts.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.counts.tensors.fetch_add(1, Ordering::Relaxed);
+        staged
+    }
+
+    /// `module` with every float and int parameter replaced by a fresh staged copy: the
+    /// per-use route for a module (or one layer) that has no staging of its own. Call it before
+    /// each use and drop the result after.
+    pub fn stage_module<M: Module>(&self, module: M) -> M {
+        module.map(&mut StageMapper { stager: self })
+    }
+}
+
+struct StageMapper<'a> {
+    stager: &'a Stager,
+}
+
+impl ModuleMapper for StageMapper<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        param.map(|t| self.stager.stage(t))
+    }
+
+    fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
+        param.map(|t| self.stager.stage(t))
+    }
+}
+
+/// Whether `device` is Flex, whose tensors can be host bytes this crate hands over or copies.
+pub fn is_flex(device: &Device) -> bool {
+    matches!(device.as_dispatch(), burn::backend::DispatchDevice::Flex(_))
+}

@@ -1,0 +1,234 @@
+//! The Burn-device probe: the three endpoints as this project's loader placements reach them on
+//! one Burn device, with one of Burn's own kernels (an integer `sum`) as the reader.
+//!
+//! Each file becomes a Flex tensor that adopts its read-only mapping (`I32` over the file's whole
+//! 4-byte words). Then:
+//! - **map** sums the adopted tensors in place. Only Flex can: Burn's CubeCL backends copy every
+//!   `from_data` into their own buffers, so on wgpu/vulkan the arm is unavailable, with that reason;
+//! - **resident** stages each tensor once onto the device with [`Stager`] (the resident load) and
+//!   sums the copies every pass;
+//! - **per-use copy** stages each tensor onto the device every pass (host staging copy and upload
+//!   on a GPU), sums it and drops it.
+//!
+//! Warm-up rounds are discarded, the rate is `W` over the median pass, arms rotate their order
+//! per round, and every pass of every arm must produce the same checksum.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::tensor::{AllocationProperty, Bytes, DType, Device, Int, Tensor, TensorData};
+use burn_mapped::{Stager, is_flex};
+use memmap2::Mmap;
+
+use super::{ArmReport, ProbeError, ProbeReport, Residency, file_residency, median};
+use crate::device::DeviceArg;
+use crate::placement::{ProbeKey, store_fingerprint};
+use crate::select::ArmRate;
+
+/// How the Burn-device probe runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BurnProbeConfig {
+    /// Discarded rounds, at least 1 (the first is also the coexistence pass).
+    pub warmup_passes: usize,
+    /// Measured rounds, at least 1.
+    pub passes: usize,
+}
+
+impl Default for BurnProbeConfig {
+    fn default() -> Self {
+        Self {
+            warmup_passes: 1,
+            passes: 5,
+        }
+    }
+}
+
+/// The cache key for probing `files` on `device`.
+///
+/// # Errors
+/// Files whose metadata cannot be read.
+pub fn probe_key(device: DeviceArg, files: &[PathBuf]) -> Result<ProbeKey, ProbeError> {
+    let config = BurnProbeConfig::default();
+    Ok(ProbeKey {
+        device: format!("{device}: {:?}", device.device()),
+        // Burn does not report the adapter's driver; the kernel release at least changes with
+        // driver modules built for it.
+        driver: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| format!("linux {}", s.trim()))
+            .unwrap_or_default(),
+        store: store_fingerprint(files)?,
+        protocol: format!(
+            "burn-probe v1 warmup={} passes={}",
+            config.warmup_passes, config.passes
+        ),
+    })
+}
+
+/// Probes `files` on the Burn device named by `device`.
+///
+/// # Errors
+/// As [`probe_on`].
+pub fn probe_device(
+    device: DeviceArg,
+    files: &[PathBuf],
+    config: &BurnProbeConfig,
+) -> Result<ProbeReport, ProbeError> {
+    probe_on(&device.device(), device.name(), files, config)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    Map,
+    Resident,
+    PerUseCopy,
+}
+
+/// Probes `files` on `device`, reported under `name`.
+///
+/// # Errors
+/// Invalid configuration, files that cannot be opened or mapped, no 4-byte word to read, and a
+/// checksum that changes between passes.
+pub fn probe_on(
+    device: &Device,
+    name: &str,
+    files: &[PathBuf],
+    config: &BurnProbeConfig,
+) -> Result<ProbeReport, ProbeError> {
+    if config.warmup_passes == 0 || config.passes == 0 {
+        return Err(ProbeError::Config {
+            field: "passes",
+            problem: "warm-up and measured passes must both be at least 1".to_owned(),
+        });
+    }
+    let sources = adopt(files)?;
+    let w: u64 = sources
+        .iter()
+        .map(|t| t.shape().num_elements() as u64 * 4)
+        .sum();
+    if w == 0 {
+        return Err(ProbeError::EmptyWorkingSet { count: files.len() });
+    }
+    let residency_at_start = file_residency(files)?;
+    let stager = Stager::new(device.clone());
+    let map_available = is_flex(device);
+
+    let start = Instant::now();
+    let resident: Vec<Tensor<1, Int>> = sources.iter().map(|t| stager.stage(t.clone())).collect();
+    let resident_checksum = read_all(&resident);
+    let resident_copy_seconds = start.elapsed().as_secs_f64();
+
+    let arms = [Arm::Map, Arm::Resident, Arm::PerUseCopy];
+    let mut seconds: [Vec<f64>; 3] = Default::default();
+    let mut checksum = Some(resident_checksum);
+    let mut residency_after_one_pass_each = Residency::default();
+    for round in 0..config.warmup_passes + config.passes {
+        for k in 0..arms.len() {
+            let arm = arms[(round + k) % arms.len()];
+            let start = Instant::now();
+            let sum = match arm {
+                Arm::Map if !map_available => continue,
+                Arm::Map => read_all(&sources),
+                Arm::Resident => read_all(&resident),
+                Arm::PerUseCopy => sources.iter().fold(0u64, |acc, t| {
+                    acc.wrapping_add(read(stager.stage(t.clone())))
+                }),
+            };
+            let elapsed = start.elapsed().as_secs_f64();
+            let expected = *checksum.get_or_insert(sum);
+            if sum != expected {
+                return Err(ProbeError::ChecksumMismatch {
+                    arm: ["map", "resident", "per-use copy"][arm as usize],
+                    pass: round,
+                    expected,
+                    found: sum,
+                });
+            }
+            if round >= config.warmup_passes {
+                seconds[arm as usize].push(elapsed);
+            }
+        }
+        if round == 0 {
+            residency_after_one_pass_each = file_residency(files)?;
+        }
+    }
+    let residency_at_end = file_residency(files)?;
+    drop(resident);
+
+    let [map_s, resident_s, copy_s] = seconds;
+    let measured = |pass_seconds: Vec<f64>| ArmReport {
+        rate: ArmRate::measured(w as f64 / 1e9 / median(&pass_seconds)),
+        pass_seconds,
+    };
+    let map = if map_available {
+        measured(map_s)
+    } else {
+        ArmReport {
+            rate: ArmRate::unavailable(format!(
+                "Burn's {name} backend cannot adopt host memory: `from_data` always copies into \
+                 its own device buffers, so a kernel cannot read the mapped pages in place"
+            )),
+            pass_seconds: Vec::new(),
+        }
+    };
+    Ok(ProbeReport {
+        device: format!("{name} (burn)"),
+        file_count: sources.len(),
+        working_set_bytes: w,
+        threads: 1,
+        warmup_passes: config.warmup_passes,
+        passes: config.passes,
+        chunk_bytes: 0,
+        map,
+        resident: measured(resident_s),
+        per_use_copy: measured(copy_s),
+        resident_copy_seconds: Some(resident_copy_seconds),
+        residency_at_start,
+        residency_after_one_pass_each,
+        residency_at_end,
+        resident_coexists: residency_after_one_pass_each.is_full(),
+        mem_available_bytes: None,
+        checksum: checksum.unwrap_or_default(),
+    })
+}
+
+/// One Flex `I32` tensor per non-empty file, adopting the file's read-only shared mapping.
+fn adopt(files: &[PathBuf]) -> Result<Vec<Tensor<1, Int>>, ProbeError> {
+    let flex = Device::flex();
+    let mut tensors = Vec::with_capacity(files.len());
+    for path in files {
+        let file = std::fs::File::open(path).map_err(|source| ProbeError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        // SAFETY: a read-only shared mapping this process never writes; another process
+        // truncating the file is the hazard documented on `probe_cpu`, and rewriting it shows up
+        // as a checksum mismatch.
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| ProbeError::Map {
+            path: path.clone(),
+            source,
+        })?;
+        let words = map.len() / 4;
+        if words == 0 {
+            continue;
+        }
+        let shared = bytes::Bytes::from_owner(map).slice(..words * 4);
+        let data = TensorData::from_bytes(
+            Bytes::from_shared(shared, AllocationProperty::File),
+            [words],
+            DType::I32,
+        );
+        tensors.push(Tensor::from_data(data, &flex));
+    }
+    Ok(tensors)
+}
+
+/// Sums one tensor on its device and reads the scalar back (which waits for the kernel).
+fn read(t: Tensor<1, Int>) -> u64 {
+    t.sum().into_scalar::<i64>() as u64
+}
+
+fn read_all(tensors: &[Tensor<1, Int>]) -> u64 {
+    tensors
+        .iter()
+        .fold(0u64, |acc, t| acc.wrapping_add(read(t.clone())))
+}

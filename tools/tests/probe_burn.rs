@@ -1,0 +1,101 @@
+//! The Burn-device probe on Flex: every arm runs over all of W and reads what a plain
+//! word-by-word sum says the files hold. No timing is asserted.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+use burn_mapped_tools::probe::burn_device::{BurnProbeConfig, probe_on};
+use burn_mapped_tools::select::ArmRate;
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    File::create(&path).unwrap().write_all(bytes).unwrap();
+    path
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 56) as u8
+        })
+        .collect()
+}
+
+/// Each file's little-endian i32 words summed with wrap-around (Burn's integer sum keeps the
+/// input's 32 bits), sign-extended, then added across files with wrap-around.
+fn reference(files: &[Vec<u8>]) -> u64 {
+    files.iter().fold(0u64, |acc, bytes| {
+        let sum = bytes
+            .chunks_exact(4)
+            .map(|w| i32::from_le_bytes(w.try_into().unwrap()))
+            .fold(0i32, i32::wrapping_add);
+        acc.wrapping_add(i64::from(sum) as u64)
+    })
+}
+
+#[test]
+fn every_arm_reads_all_words_of_every_file_on_flex() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // A 3-byte tail that is not a whole word, and an empty file that adds nothing.
+    let contents = [
+        pattern(256 << 10, 1),
+        pattern((64 << 10) + 3, 2),
+        Vec::new(),
+    ];
+    let paths: Vec<PathBuf> = contents
+        .iter()
+        .enumerate()
+        .map(|(i, c)| write(tmp.path(), &format!("{i}.tensor"), c))
+        .collect();
+    let config = BurnProbeConfig {
+        warmup_passes: 1,
+        passes: 3,
+    };
+    let report = probe_on(&Device::flex(), "cpu", &paths, &config).unwrap();
+
+    assert_eq!(report.file_count, 2);
+    assert_eq!(report.working_set_bytes, (256 << 10) + (64 << 10));
+    let whole_words: Vec<Vec<u8>> = contents
+        .iter()
+        .map(|c| c[..c.len() / 4 * 4].to_vec())
+        .collect();
+    assert_eq!(report.checksum, reference(&whole_words));
+    for (name, arm) in [
+        ("map", &report.map),
+        ("resident", &report.resident),
+        ("per-use copy", &report.per_use_copy),
+    ] {
+        assert!(
+            matches!(arm.rate, ArmRate::Measured { gbps } if gbps > 0.0),
+            "{name}: {:?}",
+            arm.rate
+        );
+        assert_eq!(arm.pass_seconds.len(), 3, "{name}");
+    }
+    assert!(report.residency_at_end.is_full());
+    assert!(report.resident_coexists);
+}
+
+#[test]
+fn rejects_zero_passes_and_wordless_files() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let tiny = write(tmp.path(), "tiny", &[1, 2, 3]);
+    let zero = BurnProbeConfig {
+        warmup_passes: 1,
+        passes: 0,
+    };
+    assert!(matches!(
+        probe_on(&Device::flex(), "cpu", std::slice::from_ref(&tiny), &zero),
+        Err(burn_mapped_tools::probe::ProbeError::Config { .. })
+    ));
+    assert!(matches!(
+        probe_on(&Device::flex(), "cpu", &[tiny], &BurnProbeConfig::default()),
+        Err(burn_mapped_tools::probe::ProbeError::EmptyWorkingSet { count: 1 })
+    ));
+}
