@@ -72,7 +72,7 @@ impl Arm {
     }
 
     /// The files the arm reads.
-    pub fn input<'a>(self, files: &'a ArmFiles) -> &'a Path {
+    pub fn input(self, files: &ArmFiles) -> &Path {
         match self {
             Arm::Mapped | Arm::Copy => &files.store,
             Arm::LoadFile | Arm::PackMapped => &files.burnpack,

@@ -63,7 +63,14 @@ pub struct EvictReport {
     pub tokens: Vec<u32>,
     pub verify_ms: f64,
     pub verify_failures: Vec<String>,
+    /// Other processes mapping the store when it was evicted (their pages stay resident).
+    /// `None` in results written before this was recorded.
+    #[serde(default)]
+    pub other_mappers: Option<Vec<u32>>,
 }
+
+/// Every step's logits, the tokens, and each step's time in ms.
+type Decoded = (Vec<Vec<f32>>, Vec<u32>, Vec<f64>);
 
 fn address_bytes(ranges: &[Range<usize>]) -> u64 {
     ranges.iter().map(|r| (r.end - r.start) as u64).sum()
@@ -84,7 +91,7 @@ pub fn run(
     let model = &loaded.model;
     let store_files: Vec<PathBuf> = sys::files_of(&files.store)?;
 
-    let decode = |on_step: &mut dyn FnMut(usize)| -> Result<(Vec<Vec<f32>>, Vec<u32>, Vec<f64>)> {
+    let decode = |on_step: &mut dyn FnMut(usize)| -> Result<Decoded> {
         let mut cache = model.new_cache(1, prompt.len() + spec.steps);
         let (mut logits_all, mut tokens, mut times) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..=spec.steps {
@@ -123,6 +130,7 @@ pub fn run(
     let mut method = PageOut::MadvPageout;
     let (mut residency_before, mut residency_after, mut evict_ms) = (0.0, 0.0, 0.0);
     let (mut rss_before, mut rss_after) = (0, 0);
+    let mut other_mappers = Vec::new();
     let mut failure: Option<anyhow::Error> = None;
     let (logits_b, tokens_b, times_b) = decode(&mut |i| {
         let result: Result<()> = (|| {
@@ -134,6 +142,7 @@ pub fn run(
                 evict_ms = ms(t);
                 residency_after = sys::ranges_residency(&ranges)?;
                 rss_after = rss_self()?.file;
+                other_mappers = sys::other_mappers(&files.store)?;
             }
             if i == spec.pressure.start && spec.pressure.end > spec.pressure.start {
                 let (ranges, store_files) = (ranges.clone(), store_files.clone());
@@ -213,5 +222,6 @@ pub fn run(
         tokens: tokens_b,
         verify_ms,
         verify_failures: problems.iter().map(|e| e.to_string()).collect(),
+        other_mappers: Some(other_mappers),
     })
 }

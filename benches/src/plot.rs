@@ -100,8 +100,8 @@ fn bars(
             chart
                 .configure_series_labels()
                 .position(SeriesLabelPosition::UpperRight)
-                .border_style(&BLACK)
-                .background_style(&WHITE.mix(0.85))
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.85))
                 .draw()?;
         }};
     }
@@ -296,8 +296,8 @@ fn sharing(path: &Path, report: &Report) -> Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
-        .border_style(&BLACK)
-        .background_style(&WHITE.mix(0.85))
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
         .draw()?;
     root.present()?;
     Ok(())
@@ -368,8 +368,8 @@ fn evict(path: &Path, report: &Report) -> Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
-        .border_style(&BLACK)
-        .background_style(&WHITE.mix(0.85))
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
         .draw()?;
     root.present()?;
     Ok(())

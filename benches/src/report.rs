@@ -596,6 +596,18 @@ pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
                 },
                 e.verify_ms,
             );
+            if e.residency_after_evict > 0.05 {
+                let _ = writeln!(
+                    m,
+                    "The eviction was partial: {:.1} % of the store stayed resident{}. The kernel does not reclaim pages another process maps, so the refault time above covers only the pages that left.\n",
+                    100.0 * e.residency_after_evict,
+                    match &e.other_mappers {
+                        None => " (this run did not record which other processes mapped it; other helpers' tests use the same store)".to_string(),
+                        Some(p) if p.is_empty() => " (no other process was seen mapping it)".to_string(),
+                        Some(p) => format!(" while {} other process(es) mapped it", p.len()),
+                    }
+                );
+            }
             img(&mut m, "qwen-evict.svg", "decode step time with eviction");
         }
     }

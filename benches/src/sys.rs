@@ -128,6 +128,33 @@ pub fn mappings_under(dir: &Path) -> io::Result<Vec<Range<usize>>> {
     Ok(out)
 }
 
+/// Other processes that map a file under `dir` (their pages cannot be reclaimed from here).
+pub fn other_mappers(dir: &Path) -> io::Result<Vec<u32>> {
+    let dir = std::fs::canonicalize(dir)?;
+    let prefix = format!("{}/", dir.display());
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(pid) = entry?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Processes may exit or be unreadable meanwhile; skip those.
+        if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            && maps.lines().any(|l| {
+                l.split_whitespace()
+                    .nth(5)
+                    .is_some_and(|p| p.starts_with(&prefix))
+            })
+        {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
 /// Fraction of the pages of `ranges` (mappings of this process) in memory, via `mincore`.
 pub fn ranges_residency(ranges: &[Range<usize>]) -> io::Result<f64> {
     let page = burn_mapped::page_size();
