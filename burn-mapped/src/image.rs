@@ -127,7 +127,29 @@ pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, Store
         .iter()
         .map(|entry| open_checked(dir, entry).map(|(file, _)| file))
         .collect::<Result<Vec<_>, _>>()?;
+    let (header, data_start, total) = settle(manifest)?;
 
+    let base = reserve(total)?;
+    let mut image = Image {
+        base,
+        len: total,
+        _files: Vec::new(),
+    };
+    write_header(&image, &header, data_start as usize)?;
+    let mut offset = data_start as usize;
+    for (entry, file) in manifest.tensors().iter().zip(&files) {
+        let len = entry.padded_len() as usize;
+        if len > 0 {
+            map_fixed(&image, offset, len, file, entry.name())?;
+        }
+        offset += len;
+    }
+    image._files = files;
+    Ok(Arc::new(image))
+}
+
+/// The header bytes, where the data starts, and the image's total length.
+fn settle(manifest: &Manifest) -> Result<(Vec<u8>, u64, usize), StoreError> {
     // The header size depends on where data starts, and vice versa; settle both.
     let mut data_start = ALIGNMENT;
     let header = loop {
@@ -148,24 +170,33 @@ pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, Store
         what: "image".into(),
         source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "image exceeds usize"),
     })?;
+    Ok((header, data_start, total))
+}
 
-    let base = reserve(total)?;
-    let mut image = Image {
-        base,
-        len: total,
-        _files: Vec::new(),
-    };
-    write_header(&image, &header, data_start as usize)?;
+/// The same image as [`build`], read into one anonymous buffer instead of mapped: the copy
+/// control of the benchmarks (same files, same record construction, owned storage).
+pub(crate) fn read_owned(dir: &Path, manifest: &Manifest) -> Result<Vec<u8>, StoreError> {
+    use std::io::Read;
+    let files = manifest
+        .tensors()
+        .iter()
+        .map(|entry| open_checked(dir, entry))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (header, data_start, total) = settle(manifest)?;
+    let mut image = vec![0u8; total];
+    image[..header.len()].copy_from_slice(&header);
     let mut offset = data_start as usize;
-    for (entry, file) in manifest.tensors().iter().zip(&files) {
+    for (entry, (mut file, path)) in manifest.tensors().iter().zip(files) {
         let len = entry.padded_len() as usize;
-        if len > 0 {
-            map_fixed(&image, offset, len, file, entry.name())?;
-        }
+        file.read_exact(&mut image[offset..offset + len])
+            .map_err(|source| StoreError::Io {
+                tensor: entry.name().to_string(),
+                file: path,
+                source,
+            })?;
         offset += len;
     }
-    image._files = files;
-    Ok(Arc::new(image))
+    Ok(image)
 }
 
 /// Reserves `len` bytes of address space aligned to [`ALIGNMENT`], inaccessible until mapped.

@@ -86,6 +86,25 @@ impl MappedRecorder {
     }
 }
 
+impl MappedRecorder {
+    /// The copy control: the record [`load`](Self::load) builds, with every tensor file read
+    /// into one anonymous buffer instead of mapped. Same files, same record construction,
+    /// owned storage, so a benchmark can tell what adoption saves from what the per-tensor
+    /// layout saves. Loaders should use [`load`](Self::load).
+    pub fn load_copied(&self, dir: impl AsRef<Path>) -> Result<ModuleRecord, StoreError> {
+        let dir = dir.as_ref();
+        let manifest = Manifest::read(dir)?;
+        let image = image::read_owned(dir, &manifest)?;
+        // `bytes::Bytes` takes the Vec without copying; Burn's `from_bytes_vec` would copy it
+        // again to raise its alignment.
+        let bytes = burn::tensor::Bytes::from_shared(
+            bytes::Bytes::from(image),
+            burn::tensor::AllocationProperty::Native,
+        );
+        ModuleRecord::from_bytes(bytes).map_err(|e| StoreError::Record(e.to_string()))
+    }
+}
+
 struct ImageOwner(std::sync::Arc<image::Image>);
 
 impl AsRef<[u8]> for ImageOwner {

@@ -1,0 +1,232 @@
+//! The Qwen2.5 arms: inputs prepared once outside the repository, and the child that loads,
+//! answers a fixed prompt and decodes.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::module::Module;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_mapped::MappedRecorder;
+use burn_mapped_models::qwen2::{KvCache, Qwen2Config, Qwen2ForCausalLM, argmax};
+use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
+use burn_mapped_tools::qwen::{self as tq, ModelPaths};
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::arms::{self, Arm, ArmFiles};
+use crate::child::Mem;
+
+/// Where the Qwen inputs are.
+#[derive(Debug, Clone)]
+pub struct QwenSetup {
+    pub paths: ModelPaths,
+    pub files: ArmFiles,
+    /// The model configuration, as JSON every arm reads the same way.
+    pub config_path: PathBuf,
+    pub config: Qwen2Config,
+    /// Logical bytes of every weight (no padding).
+    pub weight_bytes: u64,
+}
+
+/// Fetches and converts the checkpoint on first use (as `burn-mapped generate` does), then
+/// writes the same weights as burnpack and safetensors into `bench_dir` once.
+pub fn prepare(cache_dir: &Path, bench_dir: &Path) -> Result<QwenSetup> {
+    let paths = tq::resolve(tq::QWEN25_CODER_05B, DType::F32, cache_dir, None)
+        .context("fetching or converting Qwen2.5-Coder-0.5B")?;
+    let dir = bench_dir.join("qwen2.5-coder-0.5b-f32");
+    std::fs::create_dir_all(&dir)?;
+    let manifest = burn_mapped::Manifest::read(&paths.store)?;
+    let weight_bytes = manifest.tensors().iter().map(|t| t.len()).sum();
+    let store = burn_mapped::MappedStore::open(&paths.store)?;
+    let config = tq::config_from_store(&store)?;
+    drop(store);
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    let files = ArmFiles {
+        store: paths.store.clone(),
+        burnpack: dir.join("model.bpk"),
+        safetensors: dir.join("model.safetensors"),
+    };
+    if !files.burnpack.is_file() || !files.safetensors.is_file() {
+        eprintln!(
+            "writing the burnpack and safetensors copies into {}",
+            dir.display()
+        );
+        let device = Device::flex();
+        let model = config
+            .try_init(&device)?
+            .try_load_record(MappedRecorder::default().load(&paths.store)?)?;
+        arms::write_formats(&model, &files)?;
+    }
+    Ok(QwenSetup {
+        paths,
+        files,
+        config_path,
+        config,
+        weight_bytes,
+    })
+}
+
+/// The tokenizer of the checkpoint.
+pub fn tokenizer(setup: &QwenSetup) -> Result<Qwen2Tokenizer> {
+    Ok(tq::load_tokenizer(&setup.paths)?)
+}
+
+/// The prompt text (chat-templated when `chat`) and its ids.
+pub fn prompt_ids(tok: &Qwen2Tokenizer, prompt: &str, chat: bool) -> Result<(String, Vec<u32>)> {
+    let text = if chat {
+        chat_prompt(None, prompt)
+    } else {
+        prompt.to_string()
+    };
+    let ids = tok.encode(&text)?;
+    if ids.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
+    Ok((text, ids))
+}
+
+/// Logits of the last position after feeding `input` to `cache`.
+pub fn step(
+    model: &Qwen2ForCausalLM,
+    cache: &mut KvCache,
+    input: &[u32],
+    device: &Device,
+) -> Result<Vec<f32>> {
+    let tokens = Tensor::<2, Int>::from_data(
+        TensorData::new(
+            input.iter().map(|&t| i64::from(t)).collect(),
+            [1, input.len()],
+        ),
+        device,
+    );
+    model
+        .forward_last(tokens, cache)?
+        .try_into_vec_as::<f32>()
+        .map_err(|e| anyhow::anyhow!("reading logits back: {e}"))
+}
+
+/// Bit pattern hash of a logits vector.
+pub fn logits_hash(logits: &[f32]) -> u64 {
+    let mut h = Xxh3::new();
+    for v in logits {
+        h.update(&v.to_bits().to_le_bytes());
+    }
+    h.digest()
+}
+
+/// What the child of one Qwen arm reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QwenSample {
+    pub arm: Arm,
+    pub round: usize,
+    /// `warm` or `cold`.
+    pub cache: String,
+    /// Fraction of the arm's file bytes in the page cache just before the child started.
+    pub residency_before: f64,
+    pub construct_ms: f64,
+    /// Module construction + load: the model can run.
+    pub model_ready_ms: f64,
+    /// Start to the first generated token (prefill of the prompt included).
+    pub ttft_ms: f64,
+    pub decode_tokens: usize,
+    pub decode_ms: f64,
+    pub decode_tok_s: f64,
+    pub mem_after_load: Mem,
+    pub mem_after_decode: Mem,
+    /// First token then `decode_tokens` more, greedy.
+    pub tokens: Vec<u32>,
+    /// xxh3 of the bit patterns of the first position's logits.
+    pub first_logits_xxh3: String,
+    /// xxh3 over every step's logits.
+    pub all_logits_xxh3: String,
+    /// Spawn to exit, timed by the parent.
+    pub process_ms: f64,
+}
+
+/// A loaded model and the times it took.
+pub struct Loaded {
+    pub model: Qwen2ForCausalLM,
+    pub start: Instant,
+    pub construct_ms: f64,
+    pub model_ready_ms: f64,
+}
+
+/// Reads the config, constructs the lazy module and loads it through `arm`.
+pub fn load(arm: Arm, files: &ArmFiles, config_path: &Path, device: &Device) -> Result<Loaded> {
+    let start = Instant::now();
+    let config: Qwen2Config = serde_json::from_slice(
+        &std::fs::read(config_path).with_context(|| config_path.display().to_string())?,
+    )?;
+    let fresh = config.try_init(device)?;
+    let construct_ms = ms(start);
+    let model = arms::load(arm, fresh, files)?;
+    Ok(Loaded {
+        model,
+        start,
+        construct_ms,
+        model_ready_ms: ms(start),
+    })
+}
+
+/// Loads, answers `prompt` and decodes `decode_tokens` more greedy tokens, then calls
+/// `hold` with the sample while the model and its cache are still alive.
+pub fn run(
+    arm: Arm,
+    files: &ArmFiles,
+    config_path: &Path,
+    prompt: &[u32],
+    decode_tokens: usize,
+    hold: impl FnOnce(&QwenSample) -> Result<()>,
+) -> Result<QwenSample> {
+    let device = Device::flex();
+    let loaded = load(arm, files, config_path, &device)?;
+    let mem_after_load = Mem::now()?;
+    let model = &loaded.model;
+    let mut cache = model.new_cache(1, prompt.len() + decode_tokens);
+    let logits = step(model, &mut cache, prompt, &device)?;
+    let mut all = Xxh3::new();
+    all.update(&logits_hash(&logits).to_le_bytes());
+    let first_hash = logits_hash(&logits);
+    let mut tokens = vec![argmax(&logits)?];
+    let ttft_ms = ms(loaded.start);
+    let t = Instant::now();
+    for _ in 0..decode_tokens {
+        let last = *tokens.last().expect("one token at least");
+        let logits = step(model, &mut cache, &[last], &device)?;
+        all.update(&logits_hash(&logits).to_le_bytes());
+        tokens.push(argmax(&logits)?);
+    }
+    let decode_ms = ms(t);
+    let mem_after_decode = Mem::now()?;
+    let sample = QwenSample {
+        arm,
+        round: 0,
+        cache: String::new(),
+        residency_before: 0.0,
+        construct_ms: loaded.construct_ms,
+        model_ready_ms: loaded.model_ready_ms,
+        ttft_ms,
+        decode_tokens,
+        decode_ms,
+        decode_tok_s: if decode_tokens > 0 {
+            decode_tokens as f64 / (decode_ms / 1e3)
+        } else {
+            0.0
+        },
+        mem_after_load,
+        mem_after_decode,
+        tokens,
+        first_logits_xxh3: format!("{first_hash:016x}"),
+        all_logits_xxh3: format!("{:016x}", all.digest()),
+        process_ms: 0.0,
+    };
+    hold(&sample)?;
+    drop(cache);
+    Ok(sample)
+}
+
+pub(crate) fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
