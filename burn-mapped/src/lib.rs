@@ -56,6 +56,7 @@
 
 mod burn_store;
 pub mod convert;
+mod device;
 mod dtype;
 mod error;
 pub mod gguf;
@@ -70,6 +71,7 @@ mod recorder;
 mod store;
 mod writer;
 
+pub use device::DevicePlacement;
 pub use dtype::{dtype_name, parse_dtype};
 pub use error::{ExpectedLen, StoreError};
 pub use layout::{ALIGNMENT, padded_len, page_size};
