@@ -21,6 +21,7 @@ impl ModuleStore for MappedStore {
 
     fn apply_to<M: ModuleSnapshot>(&mut self, module: &mut M) -> Result<ApplyResult, Self::Error> {
         let dir = self.dir().to_path_buf();
+        crate::device::prepare(&dir, self.manifest(), &module.devices())?;
         let tensors: Vec<PackTensor> = self.pack_tensors().values().cloned().collect();
         let result = module.apply(tensors, None, None, false);
         if let Some(error) = result.errors.first() {

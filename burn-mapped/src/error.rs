@@ -228,6 +228,18 @@ pub enum StoreError {
         /// Burn dtype, printed.
         dtype: String,
     },
+    /// The device the module loads onto cannot hold a stored dtype (NdArray has no f16/bf16).
+    #[error("tensor `{tensor}` (file {}): dtype {dtype} is not supported on {device}; convert the store to a dtype it supports (e.g. f32)", file.display())]
+    DeviceDType {
+        /// Tensor.
+        tensor: String,
+        /// Tensor file.
+        file: PathBuf,
+        /// Manifest dtype name.
+        dtype: String,
+        /// The device, printed.
+        device: String,
+    },
     /// A tensor asked for is not in the store.
     #[error("tensor `{tensor}` is not in store {}", dir.display())]
     TensorNotFound {

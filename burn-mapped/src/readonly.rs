@@ -9,6 +9,9 @@
 //! - strict ([`StrictMode`]): refuse immediately, with a message naming the tensor. Burn's
 //!   host access turns the refusal into a panic at the call site, which is the point: it shows
 //!   which op asked to write a weight.
+//!
+//! Burn's NdArray backend never asks: it copies borrowed bytes before any op, writes included,
+//! so strict mode has nothing to refuse there (the per-use copy, see the crate docs).
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;

@@ -160,3 +160,20 @@ impl ModuleVisitor for Collector<'_> {
         });
     }
 }
+
+impl MappedRecorder {
+    /// Loads the store at `dir` into `module`: [`load`](Self::load) plus
+    /// `module.try_load_record`, with what the bare pair cannot do because a record does not
+    /// know the device. Before any tensor byte is read it checks that every stored dtype exists
+    /// on the module's devices (an f16 store on NdArray is a typed
+    /// [`StoreError::DeviceDType`] here, a panic inside Burn there), and it logs what the
+    /// backend does with the pages ([`DevicePlacement`](crate::DevicePlacement): `map`,
+    /// `per-use copy` or `resident`).
+    pub fn load_into<M: Module>(&self, module: M, dir: impl AsRef<Path>) -> Result<M, StoreError> {
+        let dir = dir.as_ref();
+        crate::device::prepare(dir, &Manifest::read(dir)?, &module.devices())?;
+        module
+            .try_load_record(self.load(dir)?)
+            .map_err(|e| StoreError::Record(e.to_string()))
+    }
+}
