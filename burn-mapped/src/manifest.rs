@@ -34,13 +34,19 @@ pub const MAX_RANK: usize = 8;
 pub const Q8_ROW_F16: &str = "q8-row-f16";
 
 /// Links a quantized weight to the tensor holding its scales.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuantLink {
     /// The scheme; only [`Q8_ROW_F16`] exists today.
     pub scheme: String,
     /// Name of the scale tensor.
     pub scale: String,
+    /// Quantization error `||W - dequant||_F / ||W||_F` against the source values, when the
+    /// converter knew them. Optional, so manifests written without it still read. An f32:
+    /// seven digits are plenty for an error, and unlike an f64 it survives a JSON round trip
+    /// bit for bit with serde_json's default float parser.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rel_error: Option<f32>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -286,6 +292,9 @@ impl Manifest {
         };
         if link.scheme != Q8_ROW_F16 {
             return Err(bad("unknown quantization scheme"));
+        }
+        if link.rel_error.is_some_and(|e| !(e.is_finite() && e >= 0.0)) {
+            return Err(bad("relative error must be finite and not negative"));
         }
         if entry.dtype != DType::I8 || entry.shape.len() != 2 {
             return Err(bad("a q8 weight must be a 2-D i8 tensor"));

@@ -12,6 +12,8 @@ use burn_mapped::gguf::{
     GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
 };
 use burn_mapped::{MANIFEST_FILE, MappedStore, Placement, Stager, StoreError, is_flex};
+use burn_mapped::q8::is_projection_weight;
+
 use burn_mapped_models::qwen2::{
     ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name,
 };
@@ -81,20 +83,83 @@ pub struct ModelPaths {
     pub gguf: PathBuf,
 }
 
-/// Output dtype name for store directory names.
-fn dtype_tag(dtype: DType) -> &'static str {
-    burn_mapped::dtype_name(dtype).unwrap_or("f32")
+/// What a converted store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreDType {
+    /// Every tensor in one float type (f32, f16 or bf16).
+    Float(DType),
+    /// The projections and LM head as q8 matrices
+    /// ([`is_projection_weight`](burn_mapped::q8::is_projection_weight)), everything else
+    /// (embedding, norms, biases) f32.
+    Q8,
 }
 
-/// Resolves `spec` to a store, fetching and converting on first use.
+impl StoreDType {
+    /// The name used on the command line and in store directory names (`f32`, `q8`).
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::Float(dtype) => burn_mapped::dtype_name(dtype).unwrap_or("f32"),
+            Self::Q8 => "q8",
+        }
+    }
+
+    /// The float type of the tensors that are not quantized.
+    pub fn float(self) -> DType {
+        match self {
+            Self::Float(dtype) => dtype,
+            Self::Q8 => DType::F32,
+        }
+    }
+}
+
+impl From<DType> for StoreDType {
+    fn from(dtype: DType) -> Self {
+        Self::Float(dtype)
+    }
+}
+
+impl From<burn_mapped::convert::CastTo> for StoreDType {
+    fn from(cast: burn_mapped::convert::CastTo) -> Self {
+        Self::Float(cast.dtype())
+    }
+}
+
+impl std::fmt::Display for StoreDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.tag())
+    }
+}
+
+/// A name that is not one of `f32`, `f16`, `bf16`, `q8`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported store dtype `{0}` (f32, f16, bf16, q8)")]
+pub struct ParseStoreDTypeError(pub String);
+
+impl std::str::FromStr for StoreDType {
+    type Err = ParseStoreDTypeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "q8" => Ok(Self::Q8),
+            other => other
+                .parse::<burn_mapped::convert::CastTo>()
+                .map(|c| Self::Float(c.dtype()))
+                .map_err(|_| ParseStoreDTypeError(s.to_string())),
+        }
+    }
+}
+
+/// Resolves `spec` to a store, fetching and converting on first use into
+/// `<cache>/stores/<gguf stem>-<dtype>` (a store directory given as `spec` is used as it is).
 ///
 /// `progress` is called during conversion with (done bytes, total bytes, tensor).
 pub fn resolve<'a>(
     spec: &str,
-    dtype: DType,
+    dtype: impl Into<StoreDType>,
     cache: &Path,
     progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<ModelPaths, QwenError> {
+    let dtype = dtype.into();
     let path = Path::new(spec);
     let gguf = if spec == QWEN25_CODER_05B {
         fetch_qwen25_coder_05b(cache, true)?
@@ -117,9 +182,7 @@ pub fn resolve<'a>(
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let store = cache
-        .join("stores")
-        .join(format!("{stem}-{}", dtype_tag(dtype)));
+    let store = cache.join("stores").join(format!("{stem}-{}", dtype.tag()));
     if !store.join(MANIFEST_FILE).is_file() {
         convert(&gguf, &store, dtype, progress)?;
     }
@@ -127,13 +190,15 @@ pub fn resolve<'a>(
 }
 
 /// Converts a GGUF into a store at `store`. Qwen2 tensors take this project's module paths
-/// (the Hugging Face names); other architectures keep GGUF's names.
+/// (the Hugging Face names); other architectures keep GGUF's names. With
+/// [`StoreDType::Q8`] the matrices [`is_projection_weight`] picks are requantized to q8.
 pub fn convert<'a>(
     gguf: &Path,
     store: &Path,
-    dtype: DType,
+    dtype: impl Into<StoreDType>,
     progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<burn_mapped::Manifest, QwenError> {
+    let dtype = dtype.into();
     let mapped = MappedGguf::open(gguf)?;
     let is_qwen2 = mapped.gguf().architecture().is_ok_and(|a| a == "qwen2");
     let rename = |name: &str| {
@@ -143,12 +208,14 @@ pub fn convert<'a>(
             Some(name.to_string())
         }
     };
+    let q8_rule: &dyn Fn(&str, &[usize]) -> bool = &is_projection_weight;
     Ok(gguf_to_store(
         &mapped,
         store,
         GgufConvert {
             rename: &rename,
-            dtype,
+            dtype: dtype.float(),
+            q8: (dtype == StoreDType::Q8).then_some(q8_rule),
             progress,
         },
     )?)
@@ -198,12 +265,13 @@ pub struct LoadedQwen {
     pub model_ready: Duration,
 }
 
-/// Opens the store and loads the model with every weight adopted (no copy on Flex).
+/// Opens the store and loads the model with every weight adopted (no copy on Flex); each
+/// projection is float or q8 as the store holds it.
 pub fn load(paths: &ModelPaths, device: &Device, strict: bool) -> Result<LoadedQwen, QwenError> {
     let start = Instant::now();
     let mut store = MappedStore::options().strict(strict).open(&paths.store)?;
     let config = config_from_store(&store)?;
-    let mut model = config.try_init(device)?;
+    let mut model = config.try_init_for_store(device, store.manifest())?;
     model.load_from(&mut store)?;
     Ok(LoadedQwen {
         model,

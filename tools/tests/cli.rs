@@ -60,7 +60,7 @@ fn convert_args(input: &Path, out: &Path, dtype: Option<CastTo>) -> ConvertArgs 
     ConvertArgs {
         input: input.to_path_buf(),
         out: out.to_path_buf(),
-        dtype,
+        dtype: dtype.map(Into::into),
         quiet: true,
     }
 }

@@ -153,6 +153,18 @@ pub(crate) fn cast_into(from: DType, to: CastTo, input: &[u8], out: &mut Vec<u8>
     }
 }
 
+/// Appends the values of `input` (little-endian elements of the float type `from`) to `out`
+/// as f32: exact for f32, f16 and bf16; f64 rounds to nearest even.
+pub(crate) fn widen_to_f32(from: DType, input: &[u8], out: &mut Vec<f32>) {
+    match from {
+        DType::F64 => out.extend(chunks::<8>(input).map(|b| f64::from_le_bytes(b) as f32)),
+        DType::F32 | DType::Flex32 => out.extend(chunks::<4>(input).map(f32::from_le_bytes)),
+        DType::F16 => out.extend(chunks::<2>(input).map(|b| f16::from_le_bytes(b).to_f32())),
+        DType::BF16 => out.extend(chunks::<2>(input).map(|b| bf16::from_le_bytes(b).to_f32())),
+        other => unreachable!("widen_to_f32 called with non-float dtype {other:?}"),
+    }
+}
+
 // Unit tests because the round-to-odd step is private; the public behaviour is tested
 // end to end in tests/convert.rs.
 #[cfg(test)]

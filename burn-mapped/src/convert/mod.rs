@@ -4,7 +4,8 @@
 //! [`SourceTensor`]s borrowing a read-only mapping of the input file; [`write_tensors`] then
 //! streams them into a [`StoreWriter`], applying the [`ConvertOptions`]: a rename hook (which
 //! may drop tensors), an optional float cast ([`CastTo`], rounding to nearest even, see
-//! [Casting](#casting)), and a progress callback. Nothing is copied into memory whole:
+//! [Casting](#casting)), optional q8 quantization of chosen matrices (see
+//! [Quantizing](#quantizing)), and a progress callback. Nothing is copied into memory whole:
 //! tensor bytes go from the input's page cache through a small buffer into the tensor file.
 //!
 //! - [`from_safetensors`] / [`SafetensorsInput`]: a Hugging Face `.safetensors` file, a sharded
@@ -17,6 +18,17 @@
 //! target type; integer and bool tensors are kept as they are. Narrowing rounds to nearest,
 //! ties to even, overflow gives infinity and NaN stays NaN; f64 -> f16/bf16 is rounded once,
 //! correctly (not through a double rounding).
+//!
+//! # Quantizing
+//!
+//! With [`ConvertOptions::q8`], each 2-D float tensor the predicate picks (asked with its
+//! store name and shape; [`is_projection_weight`](crate::q8::is_projection_weight) is the
+//! CLI's rule) is stored as a [q8 matrix](crate::q8): int8 `[out, in]` linked to an f16
+//! `<name>_scale`. Rows are read a block at a time, widened exactly to f32 (f64 inputs are
+//! rounded to f32 for quantizing) and quantized as [`quantize_rows`](crate::q8::quantize_rows)
+//! does; the relative Frobenius error against the exact input values (f64 included) is
+//! recorded in the manifest's link. The int8 values of one matrix are held in memory until
+//! it is written (a quarter of its f32 size); the cast applies to the other tensors.
 //!
 //! # Safety hazard
 //!
@@ -37,6 +49,7 @@ use burn::tensor::{BoolStore, DType};
 use crate::dtype::dtype_name;
 use crate::error::StoreError;
 use crate::manifest::Manifest;
+use crate::q8::{Q8Builder, Q8Error, scale_name};
 use crate::writer::{StoreWriter, TensorSpec};
 
 pub use burnpack::{BurnpackInput, from_burnpack};
@@ -57,6 +70,9 @@ pub type RenameFn = dyn Fn(&str) -> Option<String>;
 /// The progress callback.
 pub type ProgressFn = dyn FnMut(&Progress<'_>);
 
+/// The q8 predicate: a 2-D float tensor's store name and shape to whether it becomes q8.
+pub type Q8SelectFn = dyn Fn(&str, &[usize]) -> bool;
+
 /// How far a conversion has got, in input bytes of the tensors being converted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress<'a> {
@@ -74,6 +90,7 @@ pub struct Progress<'a> {
 pub struct ConvertOptions {
     rename: Option<Box<RenameFn>>,
     cast: Option<CastTo>,
+    q8: Option<Box<Q8SelectFn>>,
     progress: Option<Box<ProgressFn>>,
 }
 
@@ -82,6 +99,7 @@ impl std::fmt::Debug for ConvertOptions {
         f.debug_struct("ConvertOptions")
             .field("rename", &self.rename.is_some())
             .field("cast", &self.cast)
+            .field("q8", &self.q8.is_some())
             .field("progress", &self.progress.is_some())
             .finish()
     }
@@ -98,6 +116,13 @@ impl ConvertOptions {
     /// Stores every float tensor as `target`; integers and bools are kept.
     pub fn cast(mut self, target: CastTo) -> Self {
         self.cast = Some(target);
+        self
+    }
+
+    /// Stores each 2-D float tensor for which `select(store_name, shape)` holds as a q8 matrix
+    /// (see [Quantizing](crate::convert#quantizing)); other tensors follow the other options.
+    pub fn q8(mut self, select: impl Fn(&str, &[usize]) -> bool + 'static) -> Self {
+        self.q8 = Some(Box::new(select));
         self
     }
 
@@ -152,6 +177,8 @@ pub struct ConvertSummary {
     pub renamed: usize,
     /// Tensors whose dtype was changed by the cast.
     pub cast: usize,
+    /// Tensors stored as q8 matrices (each adds a scale tensor, not counted in `written`).
+    pub quantized: usize,
     /// Input bytes of the written tensors.
     pub source_bytes: u64,
     /// Logical bytes written (differs from `source_bytes` when casting).
@@ -291,6 +318,29 @@ pub enum ConvertError {
         /// Its file.
         second_file: PathBuf,
     },
+    /// A tensor chosen for q8 cannot be quantized (a NaN or infinite weight, or a row whose
+    /// scale exceeds f16).
+    #[error("{}: tensor `{tensor}`: cannot quantize to q8: {source}", file.display())]
+    Quantize {
+        /// Input file.
+        file: PathBuf,
+        /// Tensor (input name).
+        tensor: String,
+        /// What went wrong (boxed: it is large and rare).
+        source: Box<Q8Error>,
+    },
+    /// A q8 matrix's scale tensor would take the name of another tensor.
+    #[error("tensor `{tensor}` is quantized to q8, but its scale name `{scale}` is already the store name of `{other}` ({})", file.display())]
+    ScaleNameTaken {
+        /// Input file.
+        file: PathBuf,
+        /// The quantized tensor (input name).
+        tensor: String,
+        /// Its scale tensor's name.
+        scale: String,
+        /// The input tensor stored under that name.
+        other: String,
+    },
     /// Writing one tensor into the store failed.
     #[error("{}: tensor `{tensor}`: {source}", file.display())]
     Write {
@@ -317,6 +367,7 @@ struct Planned<'a> {
     dtype: DType,
     out_name: String,
     out_dtype: DType,
+    q8: bool,
 }
 
 fn element_count(shape: &[usize]) -> Option<u64> {
@@ -387,7 +438,14 @@ fn plan<'a>(
                 second_file: source.file.to_path_buf(),
             });
         }
+        let q8 = cast::is_castable_float(dtype)
+            && source.shape.len() == 2
+            && options
+                .q8
+                .as_ref()
+                .is_some_and(|select| select(&out_name, &source.shape));
         let out_dtype = match options.cast {
+            _ if q8 => DType::I8,
             Some(target) if cast::is_castable_float(dtype) => target.dtype(),
             _ => dtype,
         };
@@ -397,7 +455,19 @@ fn plan<'a>(
             dtype,
             out_name,
             out_dtype,
+            q8,
         });
+    }
+    for p in planned.iter().filter(|p| p.q8) {
+        let scale = scale_name(&p.out_name);
+        if let Some(&i) = seen.get(&scale) {
+            return Err(ConvertError::ScaleNameTaken {
+                file: p.source.file.to_path_buf(),
+                tensor: p.source.name.clone(),
+                scale,
+                other: planned[i].source.name.clone(),
+            });
+        }
     }
     Ok(planned)
 }
@@ -430,11 +500,32 @@ pub fn write_tensors<'a>(
     let mut done_bytes = 0u64;
     let mut buffer = Vec::new();
     for p in planned {
+        if p.q8 {
+            let source = &p.source;
+            let report = |done: u64| {
+                if let Some(progress) = options.progress.as_mut() {
+                    progress(&Progress {
+                        done_bytes: done,
+                        total_bytes,
+                        tensor: &source.name,
+                    });
+                }
+            };
+            write_q8(writer, &p, &mut done_bytes, report)?;
+            summary.written += 1;
+            summary.renamed += usize::from(p.out_name != source.name);
+            summary.quantized += 1;
+            summary.source_bytes += source.data.len() as u64;
+            let [out, inp] = [source.shape[0] as u64, source.shape[1] as u64];
+            summary.stored_bytes += out * inp + out * 2;
+            continue;
+        }
         let Planned {
             source,
             dtype,
             out_name,
             out_dtype,
+            q8: _,
         } = p;
         let mut spec = TensorSpec::new(out_name.clone(), out_dtype, source.shape.clone());
         if let Some(id) = source.param_id {
@@ -484,6 +575,61 @@ pub fn write_tensors<'a>(
     Ok(summary)
 }
 
+/// Quantizes one planned 2-D float tensor block by block and adds the q8 pair to `writer`.
+fn write_q8(
+    writer: &mut StoreWriter,
+    p: &Planned<'_>,
+    done_bytes: &mut u64,
+    mut report: impl FnMut(u64),
+) -> Result<(), ConvertError> {
+    let source = &p.source;
+    let (out, inp) = (source.shape[0], source.shape[1]);
+    let quantize_error = |e: Q8Error| ConvertError::Quantize {
+        file: source.file.to_path_buf(),
+        tensor: source.name.clone(),
+        source: Box::new(e),
+    };
+    let elem = p.dtype.size();
+    let row_bytes = inp * elem;
+    // Whole rows per step, about CHUNK_BYTES of input (at least one row).
+    let rows_per_step = (CHUNK_BYTES / row_bytes.max(1)).max(1);
+    let mut builder = Q8Builder::new(out, inp);
+    let mut rows32 = Vec::new();
+    let mut exact = Vec::new();
+    for block in source.data.chunks(rows_per_step * row_bytes.max(1)) {
+        rows32.clear();
+        cast::widen_to_f32(p.dtype, block, &mut rows32);
+        let pushed = if p.dtype == DType::F64 {
+            exact.clear();
+            exact.extend(
+                block
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))),
+            );
+            builder.push_exact(&rows32, &exact)
+        } else {
+            builder.push(&rows32)
+        };
+        pushed.map_err(quantize_error)?;
+        *done_bytes += block.len() as u64;
+        report(*done_bytes);
+    }
+    if source.data.is_empty() {
+        report(*done_bytes);
+    }
+    let (rows, rel_error) = builder.finish().map_err(quantize_error)?;
+    crate::q8::add_q8(writer, &p.out_name, &rows, out, inp, Some(rel_error))
+        .map(drop)
+        .map_err(|e| match e {
+            Q8Error::Store(e) => ConvertError::Write {
+                file: source.file.to_path_buf(),
+                tensor: source.name.clone(),
+                source: Box::new(e),
+            },
+            other => quantize_error(other),
+        })
+}
+
 /// Creates a store at `out` from `tensors` with `metadata`, publishing it only if every tensor
 /// converts.
 fn convert_into<'a>(
@@ -498,6 +644,9 @@ fn convert_into<'a>(
     }
     if let Some(target) = options.cast {
         writer.metadata("convert.cast", target.name());
+    }
+    if options.q8.is_some() {
+        writer.metadata("convert.q8", crate::manifest::Q8_ROW_F16);
     }
     let summary = write_tensors(&mut writer, tensors, options)?;
     let manifest = writer.finish()?;

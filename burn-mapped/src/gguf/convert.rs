@@ -1,5 +1,7 @@
 //! GGUF to store: each tensor is dequantized once and relaid into its own page-aligned file,
-//! so loading afterwards is a mapping, not a decode.
+//! so loading afterwards is a mapping, not a decode. Matrices picked for q8 are dequantized,
+//! then requantized per row (see [`crate::q8`]); their error is measured against the
+//! dequantized values.
 
 use std::io::Write;
 use std::path::Path;
@@ -7,8 +9,10 @@ use std::path::Path;
 use burn::tensor::DType;
 
 use super::{GgufError, MappedGguf, Value, dequantize};
+use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, Q8_ROW_F16};
+use crate::q8::{Q8Builder, Q8Error, add_q8, scale_name};
 use crate::writer::{StoreWriter, TensorSpec};
 
 /// Errors converting a GGUF file into a store.
@@ -34,6 +38,27 @@ pub enum GgufConvertError {
         /// The dtype asked for.
         dtype: DType,
     },
+    /// A tensor picked for q8 cannot be quantized (a row whose scale exceeds f16, or a
+    /// non-finite value after dequantization).
+    #[error("GGUF tensor `{tensor}`: cannot quantize to q8: {source}")]
+    Quantize {
+        /// GGUF tensor name.
+        tensor: String,
+        /// What went wrong (boxed: it is large and rare).
+        source: Box<Q8Error>,
+    },
+    /// A q8 matrix's scale tensor would take the store name of another tensor.
+    #[error(
+        "GGUF tensor `{tensor}` is quantized to q8, but its scale name `{scale}` is already the store name of `{other}`"
+    )]
+    ScaleNameTaken {
+        /// GGUF name of the quantized tensor.
+        tensor: String,
+        /// Its scale tensor's name.
+        scale: String,
+        /// GGUF name of the tensor stored under that name.
+        other: String,
+    },
     /// Two GGUF tensors were renamed to the same store name.
     #[error("GGUF tensors `{first}` and `{second}` both map to `{name}`")]
     RenameCollision {
@@ -50,12 +75,17 @@ pub enum GgufConvertError {
 pub type Progress<'p> = dyn FnMut(u64, u64, &str) + 'p;
 
 /// How to convert: the name map (module paths usually differ from GGUF's names; `None` drops a
-/// tensor), the output float dtype, and an optional progress callback.
+/// tensor), the output float dtype, which matrices become q8, and an optional progress
+/// callback.
 pub struct GgufConvert<'r, 'p> {
     /// GGUF tensor name to store tensor name.
     pub rename: &'r dyn Fn(&str) -> Option<String>,
-    /// Output dtype: `F32`, `F16` or `BF16`.
+    /// Output dtype of the tensors not quantized: `F32`, `F16` or `BF16`.
     pub dtype: DType,
+    /// Asked with the store name and row-major shape of each 2-D tensor: whether to store
+    /// it as a q8 matrix ([`is_projection_weight`](crate::q8::is_projection_weight) is the
+    /// CLI's rule). `None` quantizes nothing.
+    pub q8: Option<&'r Q8SelectFn>,
     /// Called after each tensor with (bytes written so far, total bytes, tensor name).
     pub progress: Option<&'p mut Progress<'p>>,
 }
@@ -82,9 +112,14 @@ pub fn gguf_to_store(
     let plan: Vec<_> = file
         .tensors()
         .iter()
-        .filter_map(|info| (options.rename)(info.name()).map(|name| (info, name)))
+        .filter_map(|info| {
+            let name = (options.rename)(info.name())?;
+            let shape = info.shape_row_major();
+            let q8 = shape.len() == 2 && options.q8.is_some_and(|select| select(&name, &shape));
+            Some((info, name, q8))
+        })
         .collect();
-    for (info, name) in &plan {
+    for (info, name, _) in &plan {
         if let Some(first) = seen.insert(name.clone(), info.name().to_string()) {
             return Err(GgufConvertError::RenameCollision {
                 first,
@@ -93,10 +128,31 @@ pub fn gguf_to_store(
             });
         }
     }
-    let total: u64 = plan.iter().map(|(info, _)| info.n_elements() * elem).sum();
+    for (info, name, _) in plan.iter().filter(|(_, _, q8)| *q8) {
+        let scale = scale_name(name);
+        if let Some(other) = seen.get(&scale) {
+            return Err(GgufConvertError::ScaleNameTaken {
+                tensor: info.name().to_string(),
+                scale,
+                other: other.clone(),
+            });
+        }
+    }
+    let stored = |info: &super::TensorInfo, q8: bool| {
+        if q8 {
+            let rows = info.shape_row_major()[0] as u64;
+            info.n_elements() + rows * 2
+        } else {
+            info.n_elements() * elem
+        }
+    };
+    let total: u64 = plan.iter().map(|(info, _, q8)| stored(info, *q8)).sum();
 
     let mut writer = StoreWriter::create(dir)?;
     writer.metadata(SOURCE_KEY, gguf.path().display().to_string());
+    if options.q8.is_some() {
+        writer.metadata("convert.q8", Q8_ROW_F16);
+    }
     for (key, value) in file.metadata() {
         if let Some(text) = scalar_text(value) {
             writer.metadata(format!("gguf.{key}"), text);
@@ -104,7 +160,7 @@ pub fn gguf_to_store(
     }
     let mut done = 0u64;
     let mut values = Vec::new();
-    for (info, name) in plan {
+    for (info, name, q8) in plan {
         let bytes = gguf.tensor_data(info)?;
         values.resize(info.n_elements() as usize, 0.0f32);
         dequantize(info.ggml_type(), bytes, &mut values).map_err(|source| {
@@ -113,15 +169,48 @@ pub fn gguf_to_store(
                 source,
             }
         })?;
-        let spec = TensorSpec::new(name.clone(), options.dtype, info.shape_row_major());
-        let dtype = options.dtype;
-        writer.add_with(spec, |sink| write_as(&values, dtype, sink))?;
-        done += info.n_elements() * elem;
+        let shape = info.shape_row_major();
+        if q8 {
+            write_q8(
+                &mut writer,
+                info.name(),
+                &name,
+                &values,
+                [shape[0], shape[1]],
+            )?;
+        } else {
+            let spec = TensorSpec::new(name.clone(), options.dtype, shape);
+            let dtype = options.dtype;
+            writer.add_with(spec, |sink| write_as(&values, dtype, sink))?;
+        }
+        done += stored(info, q8);
         if let Some(progress) = options.progress.as_mut() {
             progress(done, total, &name);
         }
     }
     Ok(writer.finish()?)
+}
+
+/// Requantizes one dequantized matrix per row and adds the q8 pair.
+fn write_q8(
+    writer: &mut StoreWriter,
+    tensor: &str,
+    name: &str,
+    values: &[f32],
+    [out, inp]: [usize; 2],
+) -> Result<(), GgufConvertError> {
+    let quantize_error = |source| GgufConvertError::Quantize {
+        tensor: tensor.to_string(),
+        source: Box::new(source),
+    };
+    let mut builder = Q8Builder::new(out, inp);
+    builder.push(values).map_err(quantize_error)?;
+    let (rows, rel_error) = builder.finish().map_err(quantize_error)?;
+    match add_q8(writer, name, &rows, out, inp, Some(rel_error)) {
+        Ok(_) => Ok(()),
+        Err(Q8Error::Store(e)) => Err(e.into()),
+        Err(other) => Err(quantize_error(other)),
+    }
 }
 
 fn write_as(values: &[f32], dtype: DType, sink: &mut impl Write) -> std::io::Result<()> {

@@ -6,12 +6,18 @@
 //!
 //! ```text
 //! X.weight        i8  [out, in]  row-major, q[o, i] in [-127, 127]
-//!                     manifest: "quant": { "scheme": "q8-row-f16", "scale": "X.weight_scale" }
+//!                     manifest: "quant": { "scheme": "q8-row-f16", "scale": "X.weight_scale",
+//!                                          "rel_error": 0.0061 }
 //! X.weight_scale  f16 [out]      scale[o] = f16(absmax(W[o, :]) / 127); 0 for an all-zero row
 //! ```
 //!
 //! so `W[o, i] ≈ scale[o] * q[o, i]`. The scale tensor is always the weight's name plus
-//! [`SCALE_SUFFIX`]. Converters write both with [`write_q8`]; embeddings and norms stay float.
+//! [`SCALE_SUFFIX`]. `rel_error` (optional) is `||W - dequant||_F / ||W||_F` in f64 against
+//! the values the converter read (after GGUF dequantization); `burn-mapped inspect` shows it.
+//!
+//! Converters ([`crate::convert`], [`crate::gguf::gguf_to_store`]) quantize the tensors a
+//! predicate picks, [`is_projection_weight`] being the rule the CLI uses; embeddings, norms
+//! and biases stay float. [`write_q8`] writes one matrix.
 //!
 //! # The op
 //!
@@ -44,8 +50,11 @@ pub use cpu::{TILE_T as CPU_TILE_T, cpu_kernel_name, cpu_threads, set_cpu_thread
 pub use cube::TILE as GPU_TILE_T;
 pub use error::Q8Error;
 pub use ops::{Q8Backend, READ_PARTIALS, q8_linear, read_weight};
-pub use quantize::{Q8_MAX, Q8Rows, dequantize_rows, quantize_rows, relative_error};
-pub use store::{Q8Written, SCALE_SUFFIX, scale_name, write_q8, write_q8_rows};
+pub use quantize::{Q8_MAX, Q8Builder, Q8Rows, dequantize_rows, quantize_rows, relative_error};
+pub(crate) use store::add_q8;
+pub use store::{
+    Q8Written, SCALE_SUFFIX, is_projection_weight, scale_name, write_q8, write_q8_rows,
+};
 pub use weight::Q8Weight;
 
 static POISON: AtomicBool = AtomicBool::new(false);

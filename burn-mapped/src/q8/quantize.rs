@@ -102,21 +102,160 @@ pub fn relative_error(
     check_len("weights", w.len(), out, inp)?;
     check_len("values", values.len(), out, inp)?;
     check_len("scales", scales.len(), out, 1)?;
-    let (mut diff, mut norm) = (0f64, 0f64);
-    for (o, scale) in scales.iter().enumerate() {
-        let s = f64::from(scale.to_f32());
-        for i in o * inp..(o + 1) * inp {
-            let v = f64::from(w[i]);
-            let d = v - s * f64::from(values[i]);
-            diff += d * d;
-            norm += v * v;
+    let mut sums = ErrorSums::default();
+    sums.add(values, scales, inp, |i| f64::from(w[i]));
+    Ok(sums.ratio())
+}
+
+/// Running sums of `||W - dequant||^2` and `||W||^2`, in f64.
+#[derive(Debug, Clone, Copy, Default)]
+struct ErrorSums {
+    diff: f64,
+    norm: f64,
+}
+
+impl ErrorSums {
+    /// Adds whole rows; `exact(i)` is the source value of element `i` of `values`.
+    fn add(&mut self, values: &[i8], scales: &[f16], inp: usize, exact: impl Fn(usize) -> f64) {
+        for (o, scale) in scales.iter().enumerate() {
+            let s = f64::from(scale.to_f32());
+            let start = o * inp;
+            for (i, &q) in values[start..start + inp].iter().enumerate() {
+                let v = exact(start + i);
+                let d = v - s * f64::from(q);
+                self.diff += d * d;
+                self.norm += v * v;
+            }
         }
     }
-    Ok(if norm == 0.0 {
-        diff.sqrt()
-    } else {
-        (diff / norm).sqrt()
-    })
+
+    /// The relative error, or the absolute one for an all-zero matrix.
+    fn ratio(self) -> f64 {
+        if self.norm == 0.0 {
+            self.diff.sqrt()
+        } else {
+            (self.diff / self.norm).sqrt()
+        }
+    }
+}
+
+/// Quantizes one `[out, in]` matrix a block of whole rows at a time, so a converter can feed
+/// it from a mapped input without first making an f32 copy of the whole matrix. The result
+/// is what [`quantize_rows`] gives for the whole matrix, plus its [`relative_error`].
+#[derive(Debug, Clone)]
+pub struct Q8Builder {
+    out: usize,
+    inp: usize,
+    rows_done: usize,
+    rows: Q8Rows,
+    sums: ErrorSums,
+}
+
+impl Q8Builder {
+    /// A builder for an `[out, in]` matrix.
+    pub fn new(out: usize, inp: usize) -> Self {
+        Self {
+            out,
+            inp,
+            rows_done: 0,
+            rows: Q8Rows {
+                values: Vec::with_capacity(out.saturating_mul(inp)),
+                scales: Vec::with_capacity(out),
+            },
+            sums: ErrorSums::default(),
+        }
+    }
+
+    /// Quantizes the next whole rows; the error is measured against `rows` themselves.
+    ///
+    /// # Errors
+    ///
+    /// As [`push_exact`](Self::push_exact).
+    pub fn push(&mut self, rows: &[f32]) -> Result<(), Q8Error> {
+        self.push_inner(rows, None)
+    }
+
+    /// Quantizes the next whole rows from `rows` (the source rounded to f32, as the kernels
+    /// compute) and measures the error against `exact`, the source values themselves (for
+    /// f64 sources).
+    ///
+    /// # Errors
+    ///
+    /// [`Q8Error::Length`] if `rows` is not a whole number of rows, the rows would pass
+    /// `out`, or `exact` differs in length; the errors of [`quantize_rows`], whose row index
+    /// counts from the top of the matrix.
+    pub fn push_exact(&mut self, rows: &[f32], exact: &[f64]) -> Result<(), Q8Error> {
+        if exact.len() != rows.len() {
+            return Err(Q8Error::Length {
+                what: "exact source values",
+                len: exact.len(),
+                out: rows.len().checked_div(self.inp).unwrap_or(0),
+                inp: self.inp,
+                expected: Some(rows.len()),
+            });
+        }
+        self.push_inner(rows, Some(exact))
+    }
+
+    fn push_inner(&mut self, rows: &[f32], exact: Option<&[f64]>) -> Result<(), Q8Error> {
+        let n = match rows.len().checked_div(self.inp) {
+            Some(n) if n * self.inp == rows.len() && self.rows_done + n <= self.out => n,
+            None if rows.is_empty() => return Ok(()),
+            _ => {
+                return Err(Q8Error::Length {
+                    what: "rows pushed",
+                    len: self.rows_done * self.inp + rows.len(),
+                    out: self.out,
+                    inp: self.inp,
+                    expected: self.out.checked_mul(self.inp),
+                });
+            }
+        };
+        let block = quantize_rows(rows, n, self.inp).map_err(|e| match e {
+            Q8Error::NonFinite { row, col, value } => Q8Error::NonFinite {
+                row: row + self.rows_done,
+                col,
+                value,
+            },
+            Q8Error::ScaleOverflow { row, absmax } => Q8Error::ScaleOverflow {
+                row: row + self.rows_done,
+                absmax,
+            },
+            other => other,
+        })?;
+        match exact {
+            Some(exact) => self
+                .sums
+                .add(&block.values, &block.scales, self.inp, |i| exact[i]),
+            None => self.sums.add(&block.values, &block.scales, self.inp, |i| {
+                f64::from(rows[i])
+            }),
+        }
+        self.rows.values.extend_from_slice(&block.values);
+        self.rows.scales.extend_from_slice(&block.scales);
+        self.rows_done += n;
+        Ok(())
+    }
+
+    /// The quantized matrix and `||W - dequant||_F / ||W||_F` over every pushed row.
+    ///
+    /// # Errors
+    ///
+    /// [`Q8Error::Length`] unless exactly `out` rows were pushed (any number when `in` is 0).
+    pub fn finish(mut self) -> Result<(Q8Rows, f64), Q8Error> {
+        if self.inp == 0 {
+            self.rows.scales.resize(self.out, f16::ZERO);
+        } else if self.rows_done != self.out {
+            return Err(Q8Error::Length {
+                what: "rows pushed",
+                len: self.rows_done * self.inp,
+                out: self.out,
+                inp: self.inp,
+                expected: self.out.checked_mul(self.inp),
+            });
+        }
+        Ok((self.rows, self.sums.ratio()))
+    }
 }
 
 fn check_len(what: &'static str, len: usize, out: usize, inp: usize) -> Result<(), Q8Error> {

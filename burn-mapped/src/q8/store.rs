@@ -14,6 +14,26 @@ use crate::writer::{StoreWriter, TensorSpec};
 /// Suffix that names a weight's scale tensor: `X.weight` has its scales in `X.weight_scale`.
 pub const SCALE_SUFFIX: &str = "_scale";
 
+/// Whether a converter asked for q8 quantizes the tensor `name` of `shape`: the rule for
+/// linear (projection) weights in Hugging Face and GGUF naming.
+///
+/// A tensor is quantized when it is 2-D, its last name segment is `weight`, and no segment
+/// names an embedding (contains `embed` or `embd`, or is `wte` / `wpe`). For Qwen2 / Llama
+/// checkpoints that is every attention and MLP projection (`q_proj`, `k_proj`, `v_proj`,
+/// `o_proj`, `gate_proj`, `up_proj`, `down_proj`; GGUF `attn_q` ... `ffn_down`) and the
+/// untied LM head (`lm_head.weight`, GGUF `output.weight`), but not `embed_tokens` /
+/// `token_embd` (a row gather, not a GEMV; a tied head keeps reading the float embedding).
+/// Norm weights and biases are 1-D and stay float.
+pub fn is_projection_weight(name: &str, shape: &[usize]) -> bool {
+    let mut segments = name.split('.');
+    shape.len() == 2
+        && name.rsplit('.').next() == Some("weight")
+        && !segments.any(|s| {
+            let s = s.to_ascii_lowercase();
+            s.contains("embed") || s.contains("embd") || s == "wte" || s == "wpe"
+        })
+}
+
 /// The scale tensor's name for q8 weight `weight` (`layers.0.mlp.up_proj.weight` ->
 /// `layers.0.mlp.up_proj.weight_scale`).
 pub fn scale_name(weight: &str) -> String {
@@ -49,7 +69,7 @@ pub fn write_q8(
 ) -> Result<Q8Written, Q8Error> {
     let rows = quantize_rows(w, out, inp)?;
     let relative_error = relative_error(w, &rows.values, &rows.scales, out, inp)?;
-    let (weight, scale) = write_q8_rows(writer, name, &rows, out, inp)?;
+    let (weight, scale) = add_q8(writer, name, &rows, out, inp, Some(relative_error))?;
     Ok(Q8Written {
         weight,
         scale,
@@ -58,12 +78,25 @@ pub fn write_q8(
 }
 
 /// Adds already quantized rows to `writer` (see [`write_q8`]); returns the two tensor names.
+/// The manifest records no quantization error: the source values are not known here.
 pub fn write_q8_rows(
     writer: &mut StoreWriter,
     name: &str,
     rows: &Q8Rows,
     out: usize,
     inp: usize,
+) -> Result<(String, String), Q8Error> {
+    add_q8(writer, name, rows, out, inp, None)
+}
+
+/// [`write_q8_rows`], recording `relative_error` in the weight's quantization link.
+pub(crate) fn add_q8(
+    writer: &mut StoreWriter,
+    name: &str,
+    rows: &Q8Rows,
+    out: usize,
+    inp: usize,
+    relative_error: Option<f64>,
 ) -> Result<(String, String), Q8Error> {
     if out.checked_mul(inp) != Some(rows.values.len()) || rows.scales.len() != out {
         return Err(Q8Error::Shape {
@@ -76,6 +109,7 @@ pub fn write_q8_rows(
     let link = QuantLink {
         scheme: Q8_ROW_F16.to_string(),
         scale: scale.clone(),
+        rel_error: relative_error.map(|e| e as f32),
     };
     // SAFETY: i8 and u8 have the same size and alignment and every bit pattern is valid for
     // both; the view lives no longer than `rows`.

@@ -3,11 +3,15 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
+use burn_mapped::Manifest;
 use burn_mapped::convert::{CastTo, ConvertOptions, ConvertSummary, Progress};
+use burn_mapped::q8::is_projection_weight;
 use indicatif::HumanBytes;
 
+use super::inspect::{quant_error_line, quant_error_summary};
 use super::progress::bytes_bar;
+use crate::qwen::StoreDType;
 
 /// Convert a checkpoint into a burn-mapped store.
 #[derive(Clone, Debug, clap::Args)]
@@ -19,9 +23,12 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Store every float tensor as this type (f32, f16, bf16; rounding to nearest even);
-    /// integer and bool tensors are kept.
+    /// integer and bool tensors are kept. `q8`: 2-D projection weights and the LM head
+    /// become int8 with one f16 scale per row (GGUF is dequantized first), every other
+    /// float tensor (embeddings, norms, biases) f32; the rule is
+    /// `burn_mapped::q8::is_projection_weight`.
     #[arg(long)]
-    pub dtype: Option<CastTo>,
+    pub dtype: Option<StoreDType>,
     /// Draw no progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -105,8 +112,17 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         progress_bar.set_position(p.done_bytes);
         progress_bar.set_message(p.tensor.to_string());
     });
-    if let Some(target) = args.dtype {
-        options = options.cast(target);
+    match args.dtype {
+        Some(StoreDType::Q8) => {
+            options = options.cast(CastTo::F32).q8(is_projection_weight);
+        }
+        Some(StoreDType::Float(dtype)) => {
+            let target = burn_mapped::dtype_name(dtype)
+                .and_then(|name| name.parse::<CastTo>().ok())
+                .ok_or_else(|| anyhow!("cannot store floats as {dtype:?}"))?;
+            options = options.cast(target);
+        }
+        None => {}
     }
     let result = match kind {
         InputKind::Safetensors => {
@@ -116,7 +132,9 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             burn_mapped::convert::from_burnpack(&args.input, &args.out, &mut options)
         }
         InputKind::Gguf => {
-            let dtype = args.dtype.map_or(burn::tensor::DType::F32, CastTo::dtype);
+            let dtype = args
+                .dtype
+                .unwrap_or(StoreDType::Float(burn::tensor::DType::F32));
             let gguf_bar = bar.clone();
             let mut progress = move |done: u64, total: u64, tensor: &str| {
                 gguf_bar.set_length(total);
@@ -134,6 +152,7 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
                 HumanBytes(manifest.total_bytes()),
                 HumanBytes(on_disk)
             );
+            print_quant_errors(&manifest);
             return Ok(());
         }
     };
@@ -147,7 +166,14 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
     })?;
     let on_disk: u64 = manifest.tensors().iter().map(|t| t.padded_len()).sum();
     println!("{}", summary_line(&summary, &args.out, on_disk));
+    print_quant_errors(&manifest);
     Ok(())
+}
+
+fn print_quant_errors(manifest: &Manifest) {
+    if let Some(summary) = quant_error_summary(manifest) {
+        println!("{}", quant_error_line(&summary));
+    }
 }
 
 fn summary_line(summary: &ConvertSummary, out: &Path, on_disk: u64) -> String {
@@ -158,6 +184,9 @@ fn summary_line(summary: &ConvertSummary, out: &Path, on_disk: u64) -> String {
         HumanBytes(summary.stored_bytes),
         HumanBytes(on_disk)
     );
+    if summary.quantized > 0 {
+        line += &format!(", {} quantized to q8", summary.quantized);
+    }
     if summary.cast > 0 {
         line += &format!(", {} cast", summary.cast);
     }

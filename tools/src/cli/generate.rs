@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::DType;
+use burn::tensor::Device;
 use burn_mapped::memstat::rss_self;
 use burn_mapped_models::qwen2::{Sampler, Sampling};
 use burn_mapped_models::tokenizer::chat_prompt;
@@ -46,7 +47,8 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Store dtype when converting: f32, f16 or bf16.
+    /// Store dtype when converting: f32, f16, bf16, or q8 (int8 projections and LM head,
+    /// f32 embedding and norms). The store is cached as `stores/<gguf stem>-<dtype>`.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
@@ -85,14 +87,9 @@ struct Summary {
     rss_file_bytes: u64,
 }
 
-/// Parses a store dtype name.
-pub fn parse_store_dtype(name: &str) -> anyhow::Result<DType> {
-    match name {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        other => anyhow::bail!("unsupported --dtype `{other}` (f32, f16, bf16)"),
-    }
+/// Parses a store dtype name (f32, f16, bf16, q8).
+pub fn parse_store_dtype(name: &str) -> anyhow::Result<qwen::StoreDType> {
+    Ok(name.parse()?)
 }
 
 /// Runs `generate`.

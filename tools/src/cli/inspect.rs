@@ -20,7 +20,7 @@ pub struct InspectArgs {
 }
 
 /// One tensor as `inspect` reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct TensorRow {
     /// Module path.
     pub name: String,
@@ -43,16 +43,81 @@ pub struct TensorRow {
 }
 
 /// A quantization link.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct QuantRow {
     /// Scheme name.
     pub scheme: String,
     /// Scale tensor.
     pub scale: String,
+    /// `||W - dequant||_F / ||W||_F` recorded at conversion, if recorded.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rel_error: Option<f64>,
+}
+
+/// The recorded quantization errors of a store's matrices, summed up.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct QuantErrorSummary {
+    /// Quantized matrices with a recorded error.
+    pub matrices: usize,
+    /// Quantized matrices without one (written before errors were recorded).
+    pub unrecorded: usize,
+    /// Arithmetic mean of the per-matrix relative errors.
+    pub mean: f64,
+    /// The largest per-matrix relative error.
+    pub worst: f64,
+    /// The matrix with the largest error.
+    pub worst_tensor: String,
+}
+
+/// Sums up the per-matrix errors recorded in `manifest`, or `None` when it quantizes nothing.
+pub fn quant_error_summary(manifest: &Manifest) -> Option<QuantErrorSummary> {
+    let links: Vec<_> = manifest
+        .tensors()
+        .iter()
+        .filter_map(|t| t.quant().map(|q| (t.name(), q.rel_error.map(f64::from))))
+        .collect();
+    if links.is_empty() {
+        return None;
+    }
+    let recorded: Vec<(&str, f64)> = links
+        .iter()
+        .filter_map(|&(name, e)| e.map(|e| (name, e)))
+        .collect();
+    let (worst_tensor, worst) =
+        recorded.iter().copied().fold(
+            ("", 0f64),
+            |best, cur| if cur.1 > best.1 { cur } else { best },
+        );
+    Some(QuantErrorSummary {
+        matrices: recorded.len(),
+        unrecorded: links.len() - recorded.len(),
+        mean: if recorded.is_empty() {
+            0.0
+        } else {
+            recorded.iter().map(|&(_, e)| e).sum::<f64>() / recorded.len() as f64
+        },
+        worst,
+        worst_tensor: worst_tensor.to_string(),
+    })
+}
+
+/// One line about a store's quantization errors (`-` fields when none were recorded).
+pub fn quant_error_line(summary: &QuantErrorSummary) -> String {
+    let mut line = format!("q8: {} matrices", summary.matrices + summary.unrecorded);
+    if summary.matrices > 0 {
+        line += &format!(
+            ", relative error ||W - deq(Q)||/||W||: mean {:.3e}, worst {:.3e} ({})",
+            summary.mean, summary.worst, summary.worst_tensor
+        );
+    }
+    if summary.unrecorded > 0 {
+        line += &format!(", {} without a recorded error", summary.unrecorded);
+    }
+    line
 }
 
 /// Everything `inspect` reports.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct InspectReport {
     /// Store directory.
     pub store: PathBuf,
@@ -70,6 +135,9 @@ pub struct InspectReport {
     pub on_disk_bytes: u64,
     /// Manifest metadata.
     pub metadata: BTreeMap<String, String>,
+    /// Quantization errors over every q8 matrix; absent when nothing is quantized.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub quant_error: Option<QuantErrorSummary>,
     /// Tensors in manifest order.
     pub tensors: Vec<TensorRow>,
 }
@@ -94,6 +162,7 @@ pub fn report(dir: &Path) -> anyhow::Result<InspectReport> {
             quant: t.quant().map(|q| QuantRow {
                 scheme: q.scheme.clone(),
                 scale: q.scale.clone(),
+                rel_error: q.rel_error.map(f64::from),
             }),
         })
         .collect();
@@ -106,6 +175,7 @@ pub fn report(dir: &Path) -> anyhow::Result<InspectReport> {
         total_bytes: manifest.total_bytes(),
         on_disk_bytes: tensors.iter().map(|t| t.padded_bytes).sum(),
         metadata: manifest.metadata().clone(),
+        quant_error: quant_error_summary(&manifest),
         tensors,
     })
 }
@@ -127,8 +197,15 @@ pub fn render_table(report: &InspectReport) -> String {
             |q| format!("{} -> {}", q.scheme, q.scale),
         )
     };
-    let header = ["name", "dtype", "shape", "bytes", "padded", "file", "quant"];
-    let rows: Vec<[String; 7]> = report
+    let rel_error = |t: &TensorRow| match t.quant.as_ref().map(|q| q.rel_error) {
+        Some(Some(e)) => format!("{e:.3e}"),
+        Some(None) => "?".to_string(),
+        None => "-".to_string(),
+    };
+    let header = [
+        "name", "dtype", "shape", "bytes", "padded", "file", "quant", "q8 err",
+    ];
+    let rows: Vec<[String; 8]> = report
         .tensors
         .iter()
         .map(|t| {
@@ -140,6 +217,7 @@ pub fn render_table(report: &InspectReport) -> String {
                 t.padded_bytes.to_string(),
                 t.file.clone(),
                 quant(t),
+                rel_error(t),
             ]
         })
         .collect();
@@ -154,7 +232,7 @@ pub fn render_table(report: &InspectReport) -> String {
         let mut text = String::new();
         for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
             // Numbers right-aligned, text left-aligned.
-            if i == 3 || i == 4 {
+            if i == 3 || i == 4 || i == 7 {
                 let _ = write!(text, "{cell:>w$}  ");
             } else {
                 let _ = write!(text, "{cell:<w$}  ");
@@ -179,6 +257,9 @@ pub fn render_table(report: &InspectReport) -> String {
         report.format,
         report.version
     );
+    if let Some(summary) = &report.quant_error {
+        let _ = writeln!(out, "{}", quant_error_line(summary));
+    }
     if !report.metadata.is_empty() {
         out.push_str("metadata:\n");
         for (k, v) in &report.metadata {
