@@ -1,10 +1,18 @@
-//! The q8 CubeCL kernel on Burn's wgpu backend (WGSL), against an f64 reference computed
-//! here from the same int8 values and scales.
+//! The q8 CubeCL kernel on Burn's wgpu backend (WGSL) or, with the `vulkan` feature, on
+//! Burn's `vulkan` backend (SPIR-V), against an f64 reference computed here from the same
+//! int8 values and scales.
 //!
 //! Run with `cargo test --release -p burn-mapped --features wgpu --test q8_wgpu` (add
 //! `fusion` for Burn's fused stream). Without an adapter the tests skip, unless
 //! `BURN_MAPPED_REQUIRE_GPU=1`, in which case they fail. In CI, Mesa's lavapipe is the
 //! adapter (`apt-get install mesa-vulkan-drivers libvulkan1`).
+//!
+//! With `--features vulkan` the same tests take the first hardware Vulkan adapter (wgpu pinned
+//! to Vulkan, kernels compiled to SPIR-V) and check that SPIR-V is what runs. Software adapters
+//! are passed over there: on a device without `VK_KHR_workgroup_memory_explicit_layout`, such
+//! as Mesa 22.3's lavapipe, CubeCL 0.11.3 declares shared memory as a pointer to a pointer
+//! (`spirv-val` rejects the module), and lavapipe crashes compiling our kernels (Burn's own
+//! matmul crashes there as well).
 #![cfg(feature = "wgpu")]
 
 mod q8_common;
@@ -15,11 +23,41 @@ use burn_mapped::q8::{
 };
 use q8_common::{Rng, assert_close, reference, xor_words};
 
-/// The first wgpu adapter, or `None` (skip) when there is none and a GPU is not required.
+/// The API the tests run on, as the messages name it.
+#[cfg(not(feature = "vulkan"))]
+const API: &str = "wgpu";
+#[cfg(feature = "vulkan")]
+const API: &str = "Vulkan";
+
+/// The adapters the tests may take, in order.
+#[cfg(not(feature = "vulkan"))]
+fn candidates() -> Vec<Device> {
+    Device::enumerate(DeviceType::Wgpu).into_vec()
+}
+
+/// Hardware Vulkan adapters only (a software one has no physical card behind it), unless
+/// `BURN_MAPPED_VULKAN_SOFTWARE=1` (to reproduce the lavapipe crash).
+#[cfg(feature = "vulkan")]
+fn candidates() -> Vec<Device> {
+    let software = std::env::var("BURN_MAPPED_VULKAN_SOFTWARE").is_ok_and(|v| v == "1");
+    Device::enumerate(DeviceType::Vulkan)
+        .iter()
+        .filter(|d| software || d.identity().is_some_and(|id| id.physical.is_some()))
+        .cloned()
+        .collect()
+}
+
+/// The runtime behind `device` as Burn names it, e.g. `dispatch<cubecl<wgpu<spirv>>>`.
+fn runtime(device: &Device) -> String {
+    use burn::backend::{Backend, Dispatch};
+    <Dispatch as Backend>::name(device.as_dispatch())
+}
+
+/// The first working adapter, or `None` (skip) when there is none and a GPU is not required.
 fn gpu() -> Option<Device> {
     let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
     let found = std::panic::catch_unwind(|| {
-        let device = Device::enumerate(DeviceType::Wgpu).first().cloned()?;
+        let device = candidates().first().cloned()?;
         // Opening the device proves the adapter works, not just that it is listed.
         let probe = Tensor::<1>::from_floats([1.0, 2.0], &device) * 2.0;
         let back = probe.into_data().try_to_vec::<f32>().ok()?;
@@ -30,14 +68,27 @@ fn gpu() -> Option<Device> {
     match found {
         Some(device) => {
             set_poison_outputs(true);
+            let name = device.identity().map(|id| id.name).unwrap_or_default();
+            eprintln!("{API} adapter `{name}`, runtime {}", runtime(&device));
             Some(device)
         }
-        None if required => panic!("BURN_MAPPED_REQUIRE_GPU=1 but no working wgpu adapter"),
+        None if required => panic!("BURN_MAPPED_REQUIRE_GPU=1 but no working {API} adapter"),
         None => {
-            eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
+            eprintln!("no {API} adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
             None
         }
     }
+}
+
+/// Under the `vulkan` feature the kernels must reach the GPU as SPIR-V: CubeCL quietly
+/// compiles WGSL instead on a Vulkan adapter that lacks the features its SPIR-V compiler
+/// needs, and these tests would then be testing the other compiler.
+#[cfg(feature = "vulkan")]
+#[test]
+fn under_the_vulkan_feature_the_kernels_are_compiled_to_spirv() {
+    let Some(device) = gpu() else { return };
+    let name = runtime(&device);
+    assert!(name.contains("wgpu<spirv>"), "runtime: {name}");
 }
 
 fn weight(rng: &mut Rng, out: usize, inp: usize, device: &Device) -> (Vec<i8>, Vec<f16>, Q8Weight) {
@@ -78,9 +129,36 @@ fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
             for bias in [None, Some(b.as_slice())] {
                 let got = run(&x, &w, bias, t, &device);
                 let want = reference(&x, &q, &s, bias, t, out, inp);
-                let ctx = format!("wgpu [{out}, {inp}] T={t} bias={}", bias.is_some());
+                let ctx = format!("{API} [{out}, {inp}] T={t} bias={}", bias.is_some());
                 assert_close(&got, &want, out, &ctx);
             }
+        }
+    }
+}
+
+/// The benchmark's shape (`[12288, 7168]`, 88 MB) and an odd one, on a hardware adapter
+/// only: a software one (lavapipe in CI) would take minutes and binds at most 128 MiB.
+#[test]
+fn q8_linear_matches_the_f64_reference_at_the_benchmark_shape_on_hardware() {
+    let Some(device) = gpu() else { return };
+    if !device.identity().is_some_and(|id| id.physical.is_some()) {
+        eprintln!("software adapter: skipping the large shapes");
+        return;
+    }
+    let mut rng = Rng::fresh();
+    for &(out, inp, ts, with_bias) in &[
+        (12288, 7168, &[1usize, 8][..], false),
+        (4099, 7172, &[3][..], true),
+    ] {
+        let (q, s, w) = weight(&mut rng, out, inp, &device);
+        for &t in ts {
+            let x = rng.vec_nonzero(t * inp);
+            let b = rng.vec_nonzero(out);
+            let bias = with_bias.then_some(b.as_slice());
+            let got = run(&x, &w, bias, t, &device);
+            let want = reference(&x, &q, &s, bias, t, out, inp);
+            let ctx = format!("{API} [{out}, {inp}] T={t} bias={with_bias}");
+            assert_close(&got, &want, out, &ctx);
         }
     }
 }

@@ -13,13 +13,15 @@
 //! as `nn::Linear` with `LinearLayout::Col` computes it (`x @ W^T`, `W` stored `[out, in]`).
 //!
 //! ```text
-//! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu]
+//! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu|vulkan]
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
 //!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16] [--threads 0]
 //!     [--store DIR] [--json FILE]
 //! ```
 //!
-//! The wgpu device needs `--features wgpu`.
+//! The wgpu device (WGSL, or SPIR-V where wgpu settles on Vulkan and `vulkan` is built in)
+//! needs `--features wgpu`; the vulkan device (Burn's `vulkan` backend: wgpu pinned to
+//! Vulkan, SPIR-V) needs `--features vulkan`. GPU weights are uploaded once and stay resident.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -90,7 +92,7 @@ fn parse_args() -> Result<Args> {
                     "{}",
                     include_str!("gemv.rs")
                         .lines()
-                        .take(21)
+                        .take_while(|l| l.starts_with("//!"))
                         .collect::<Vec<_>>()
                         .join("\n")
                 );
@@ -112,12 +114,31 @@ fn parse_args() -> Result<Args> {
 fn device(name: &str) -> Result<Device> {
     match name {
         "flex" => Ok(Device::flex()),
+        // Opened here, so a missing adapter is an error rather than a panic on first use.
         #[cfg(feature = "wgpu")]
-        "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
-        other => {
-            bail!("unknown or not compiled-in device `{other}` (flex; wgpu with --features wgpu)")
-        }
+        "wgpu" => Device::wgpu_options().init().context("no wgpu device"),
+        #[cfg(feature = "vulkan")]
+        "vulkan" => Device::wgpu_options()
+            .graphics_api(burn::tensor::wgpu::WgpuBackend::Vulkan)
+            .init()
+            .context("no Vulkan device"),
+        other => bail!(
+            "unknown or not compiled-in device `{other}` (flex; wgpu with --features wgpu; \
+             vulkan with --features vulkan)"
+        ),
     }
+}
+
+/// The device, its adapter and the runtime that compiles its kernels (for a GPU, e.g.
+/// `cubecl<wgpu<spirv>>`: which shader compiler the figures are for).
+fn describe(dev: &Device) -> String {
+    use burn::backend::{Backend, Dispatch};
+    let runtime = <Dispatch as Backend>::name(dev.as_dispatch());
+    #[cfg(feature = "wgpu")]
+    if let Some(id) = dev.identity() {
+        return format!("{dev:?} `{}` {runtime}", id.name);
+    }
+    format!("{dev:?} {runtime}")
 }
 
 struct Rng(u64);
@@ -395,7 +416,7 @@ fn main() -> Result<()> {
 
     let report = Report {
         protocol: "one pass = one product per matrix + one sync; warm-up passes discarded; median and min/max over timed passes; GB/s counts weight bytes once",
-        device: format!("{dev:?}"),
+        device: describe(&dev),
         out: a.out,
         inp: a.inp,
         matrices: a.matrices,

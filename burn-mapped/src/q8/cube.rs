@@ -1,4 +1,6 @@
-//! The q8 product as a CubeCL kernel (compiled to WGSL on Burn's wgpu backend).
+//! The q8 product as a CubeCL kernel: compiled to WGSL on Burn's wgpu backend, and to SPIR-V
+//! on its vulkan backend (feature `vulkan`; the same `CubeBackend`, whose wgpu runtime picks
+//! the compiler per adapter when the device is opened).
 //!
 //! WGSL has no 8-bit storage, so the kernel binds the int8 tensor's buffer as 32-bit words:
 //! the same bytes, four int8 values per word, little-endian (value `4k + b` of a row is byte
@@ -15,8 +17,10 @@
 //! `ceil(T / TILE)` tiles in one dispatch, each a pass over the weights. The lanes' partial
 //! sums are added through shared memory at the end.
 //!
-//! The kernel is launched on the activation tensor's client, so it is ordered on Burn's
-//! stream after whatever produced `x`, with no host synchronization.
+//! The same word layout serves SPIR-V, which could bind bytes but need not (8-bit storage is
+//! an optional Vulkan feature). The kernel is launched on the activation tensor's client, so it
+//! is ordered on Burn's stream after whatever produced `x`, with no host synchronization, on
+//! either compiler.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeBackend;

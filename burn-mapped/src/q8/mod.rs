@@ -28,7 +28,8 @@
 //! - **Flex** (CPU): reads the int8 bytes in place (for a store, the mapped file pages),
 //!   multi-threaded by output rows, AVX2+FMA when the CPU has them (run-time detection) and a
 //!   portable vectorizable loop otherwise. Every `T` is one pass over the weights in memory.
-//! - **CubeCL** (feature `wgpu`): a `#[cube]` kernel launched on the activation's stream.
+//! - **CubeCL** (feature `wgpu`; `vulkan` for Burn's Vulkan backend, which compiles the same
+//!   kernel to SPIR-V instead of WGSL): a `#[cube]` kernel launched on the activation's stream.
 //!   The int8 buffer is read as 32-bit words, four values each, so `in` must be a multiple of
 //!   4 on a GPU ([`Q8Error::GpuPacking`] otherwise). Up to 8 activation rows share a pass;
 //!   more take `ceil(T / 8)` passes in one dispatch. With the `fusion` feature the op is a
