@@ -103,11 +103,21 @@ impl GpuDevice {
     /// A device that cannot import host memory still opens; see
     /// [`host_import`](Self::host_import).
     pub fn open() -> Result<Self, DeviceError> {
-        let (instance, adapter) = vulkan::default_adapter()?;
-        Self::open_adapter(instance, adapter)
+        Self::open_with(true)
     }
 
-    /// As [`open`](Self::open), on a given adapter of `instance`.
+    /// As [`open`](Self::open); with `host_import` false the extension is left off and every
+    /// tensor loads resident (the copy arm of a comparison, or a test of the fallback).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub fn open_with(host_import: bool) -> Result<Self, DeviceError> {
+        let (instance, adapter) = vulkan::default_adapter()?;
+        Self::open_adapter(instance, adapter, host_import)
+    }
+
+    /// As [`open_with`](Self::open_with), on a given adapter of `instance`.
     ///
     /// # Errors
     ///
@@ -115,12 +125,18 @@ impl GpuDevice {
     pub fn open_adapter(
         instance: wgpu::Instance,
         adapter: wgpu::Adapter,
+        host_import: bool,
     ) -> Result<Self, DeviceError> {
         let info = adapter.get_info();
-        let opened = vulkan::open(instance, adapter)?;
+        let opened = vulkan::open(instance, adapter, host_import)?;
         let max_binding = opened.device.limits().max_storage_buffer_binding_size;
         let wgpu = opened.device.clone();
-        if let Err(reason) = &opened.import {
+        if let Some(reason) = opened
+            .import
+            .as_ref()
+            .err()
+            .filter(|r| **r != Unavailable::Disabled)
+        {
             log::warn!(
                 "burn-mapped-gpu: {}: host-memory import unavailable ({reason}); tensors will be \
                  loaded resident",
@@ -196,7 +212,7 @@ impl GpuDevice {
     pub fn cleanup(&self) {
         // Drains Burn's queue (Fusion included) first, so dropped tensors have let go of their
         // handles before CubeCL looks.
-        let _ = burn::tensor::Tensor::<1>::empty([0], &self.inner.device).into_data();
+        let _ = Tensor::<1>::zeros([1], &self.inner.device).into_data();
         let client = CubeDevice::Wgpu(self.inner.cube.clone()).client();
         if let Err(err) = client.memory_cleanup() {
             log::warn!("burn-mapped-gpu: memory cleanup failed: {err}");
@@ -300,38 +316,32 @@ impl GpuDevice {
         reason
     }
 
-    /// The buffer CubeCL resolves `tensor` to. Waits for queued work on the tensor.
+    /// The buffer CubeCL resolves a float tensor to. Waits for queued work on the tensor.
     ///
     /// # Errors
     ///
-    /// A rendered CubeCL error when the tensor is not on this device.
-    pub fn backing<const D: usize, K>(&self, tensor: &Tensor<D, K>) -> Result<Backing, String>
-    where
-        K: burn::tensor::BasicOps + burn::tensor::BackendPrimitive<burn_cubecl::Cube>,
-        K: burn::tensor::BackendPrimitive<
-                burn_cubecl::Cube,
-                Primitive = <burn_cubecl::Cube as burn::backend::BackendTypes>::FloatTensorPrimitive,
-            >,
-    {
+    /// A rendered error when the tensor is not a CubeCL tensor of this runtime.
+    pub fn backing<const D: usize>(&self, tensor: &Tensor<D>) -> Result<Backing, String> {
+        let dtype = tensor.dtype();
         let primitive = tensor
             .clone()
             .try_into_primitive::<burn_cubecl::Cube>()
             .map_err(|e| format!("{e:?}"))?;
-        let cube = primitive::resolve(primitive, tensor.dtype());
-        let resource = cube
-            .client
-            .get_resource::<Server>(cube.handle.clone())
-            .map_err(|e| e.to_string())?;
-        let resource = resource.resource();
-        // SAFETY: only reads the raw handle of a buffer the resource keeps alive.
-        let raw = unsafe { resource.buffer.as_hal::<hal::api::Vulkan>() }
-            .map(|b| unsafe { b.raw_handle() })
-            .ok_or("not a Vulkan buffer")?;
-        Ok(Backing {
-            vk_buffer: vk::Handle::as_raw(raw),
-            offset: resource.offset,
-            size: resource.size,
-        })
+        backing(primitive::resolve(primitive, dtype))
+    }
+
+    /// As [`backing`](Self::backing), for an integer tensor.
+    ///
+    /// # Errors
+    ///
+    /// As [`backing`](Self::backing).
+    pub fn backing_int<const D: usize>(&self, tensor: &Tensor<D, Int>) -> Result<Backing, String> {
+        let dtype = tensor.dtype();
+        let primitive = tensor
+            .clone()
+            .try_into_primitive::<burn_cubecl::Cube>()
+            .map_err(|e| format!("{e:?}"))?;
+        backing(primitive::resolve(primitive, dtype))
     }
 
     /// Imports `file`, registers the buffer with CubeCL and wraps it as a contiguous tensor.
@@ -469,6 +479,25 @@ impl GpuDevice {
             )
         })
     }
+}
+
+/// The Vulkan buffer CubeCL resolves `cube` to.
+fn backing(cube: CubeTensor) -> Result<Backing, String> {
+    let resource = cube
+        .client
+        .get_resource::<Server>(cube.handle.clone())
+        .map_err(|e| e.to_string())?;
+    let resource = resource.resource();
+    // SAFETY: only reads the raw handle of a buffer the resource keeps alive.
+    let raw = unsafe { resource.buffer.as_hal::<hal::api::Vulkan>() }
+        // SAFETY: the handle is only compared, never destroyed.
+        .map(|b| unsafe { b.raw_handle() })
+        .ok_or("not a Vulkan buffer")?;
+    Ok(Backing {
+        vk_buffer: vk::Handle::as_raw(raw),
+        offset: resource.offset,
+        size: resource.size,
+    })
 }
 
 /// The file, shape and dtype of tensor `name`, checking the rank.

@@ -34,6 +34,8 @@ pub enum DeviceError {
 /// Why a device cannot import host memory at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unavailable {
+    /// The device was opened without host import ([`GpuDevice::open_with`](crate::GpuDevice::open_with)).
+    Disabled,
     /// The driver does not advertise `VK_EXT_external_memory_host`.
     NotAdvertised,
     /// The driver advertises the extension but refused a one-page probe import (the NVIDIA

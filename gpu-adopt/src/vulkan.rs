@@ -60,11 +60,12 @@ pub(crate) fn default_adapter() -> Result<(wgpu::Instance, wgpu::Adapter), Devic
 }
 
 /// Opens `adapter` the way CubeCL's WGSL runtime opens its own (every adapter feature but
-/// mappable primary buffers, the adapter's limits), plus `VK_EXT_external_memory_host` when the
-/// driver offers it, and probes whether imports actually work.
+/// mappable primary buffers, the adapter's limits), plus `VK_EXT_external_memory_host` when
+/// `enable` and the driver offers it, and probes whether imports actually work.
 pub(crate) fn open(
     instance: wgpu::Instance,
     adapter: wgpu::Adapter,
+    enable: bool,
 ) -> Result<OpenedDevice, DeviceError> {
     let name = adapter.get_info().name;
     let open_err = |reason: String| DeviceError::Open {
@@ -85,13 +86,16 @@ pub(crate) fn open(
             .physical_device_capabilities()
             .supports_extension(EXT);
         let (alignment, max_allocation) = properties(&hal_adapter, advertised);
-        let callback: Option<Box<hal::vulkan::CreateDeviceCallback<'_>>> = advertised.then(|| {
-            Box::new(|args: hal::vulkan::CreateDeviceCallbackArgs<'_, '_, '_>| {
+        let callback = if advertised && enable {
+            let add: Box<hal::vulkan::CreateDeviceCallback<'_>> = Box::new(|args| {
                 if !args.extensions.contains(&EXT) {
                     args.extensions.push(EXT);
                 }
-            }) as Box<_>
-        });
+            });
+            Some(add)
+        } else {
+            None
+        };
         // SAFETY: the callback only adds an extension the adapter reports, as the callback's
         // contract allows; features and limits are the adapter's own.
         let opened = unsafe { hal_adapter.open_with_callback(features, &limits, &hints, callback) }
@@ -121,7 +125,9 @@ pub(crate) fn open(
     }
     .map_err(|e| open_err(e.to_string()))?;
 
-    let import = if advertised {
+    let import = if !enable {
+        Err(Unavailable::Disabled)
+    } else if advertised {
         let import = HostImport {
             raw,
             ext,

@@ -204,7 +204,7 @@ fn the_q8_gemv_reads_mapped_int8_and_scales_in_place() {
         assert_eq!(import.address, store.mapped(name).unwrap().address_range());
     }
     assert_eq!(
-        gpu.backing(&values).unwrap().vk_buffer,
+        gpu.backing_int(&values).unwrap().vk_buffer,
         gpu.live_imports()
             .iter()
             .find(|i| i.tensor == values_name)
