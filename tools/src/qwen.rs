@@ -11,8 +11,8 @@ use burn::tensor::{DType, Device, Tensor};
 use burn_mapped::gguf::{
     GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
 };
-use burn_mapped::{MANIFEST_FILE, MappedStore, Placement, Stager, StoreError, is_flex};
 use burn_mapped::q8::is_projection_weight;
+use burn_mapped::{MANIFEST_FILE, MappedStore, Placement, Stager, StoreError, is_flex};
 
 use burn_mapped_models::qwen2::{
     ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name,

@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use burn::tensor::DType;
-use burn::tensor::Device;
 use burn_mapped::memstat::rss_self;
 use burn_mapped_models::qwen2::{Sampler, Sampling};
 use burn_mapped_models::tokenizer::chat_prompt;
