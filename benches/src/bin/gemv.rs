@@ -8,14 +8,16 @@
 //! q8, 4 or 2 bytes per weight for the float arms).
 //!
 //! Arms, all in one run: `read` (every weight byte read once, XOR, same threads or stream:
-//! the ceiling), `q8` at every `T` of `--t-sweep` (1,2,4,8), and Burn's float matmul `f32`
+//! the ceiling), `q8` at every `T` of `--t-sweep` (1,2,4,8), Burn's float matmul `f32`
 //! (and `f16` where the device supports it) at `T = 1` on the dequantized weights, computed
-//! as `nn::Linear` with `LinearLayout::Col` computes it (`x @ W^T`, `W` stored `[out, in]`).
+//! as `nn::Linear` with `LinearLayout::Col` computes it (`x @ W^T`, `W` stored `[out, in]`),
+//! and `burnq8`: the same weights through Burn's own int8 quantization (default scheme) and
+//! matmul at `T = 1` (bytes: one int8 per weight).
 //!
 //! ```text
 //! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu|vulkan]
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
-//!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16] [--threads 0]
+//!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8] [--threads 0]
 //!     [--store DIR] [--json FILE]
 //! ```
 //!
@@ -27,6 +29,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use burn::tensor::quantization::QuantScheme;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
 use burn_mapped::MappedStore;
 use burn_mapped::q8::{
@@ -60,7 +63,9 @@ fn parse_args() -> Result<Args> {
         passes: 30,
         warmup: 12,
         t_sweep: vec![1, 2, 4, 8],
-        arms: ["read", "q8", "f32", "f16"].map(String::from).to_vec(),
+        arms: ["read", "q8", "f32", "f16", "burnq8"]
+            .map(String::from)
+            .to_vec(),
         threads: 0,
         store: None,
         json: None,
@@ -262,7 +267,7 @@ fn measure(
         gbps_worst: gbps(max),
     };
     eprintln!(
-        "{:>5} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2})",
+        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2})",
         r.arm, r.t, r.matrices, r.median_ms, r.gbps_median, r.gbps_best, r.gbps_worst
     );
     Ok(r)
@@ -298,6 +303,34 @@ fn float_weight(store: &MappedStore, k: usize, a: &Args, device: &Device) -> Res
         TensorData::new(w, [a.out, a.inp]),
         (device, DType::F32),
     ))
+}
+
+/// Times `x @ w^T` over every `w` (one pass), or `None` when the first product panics (an op
+/// this device's backend lacks).
+fn matmul_arm(
+    arm: &str,
+    ws: &[Tensor<2>],
+    x: &Tensor<2>,
+    bytes: u64,
+    a: &Args,
+    sync: &dyn Fn() -> Result<()>,
+) -> Result<Option<ArmResult>> {
+    let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = x.clone().matmul(ws[0].clone().transpose()).into_data();
+    }));
+    if probe.is_err() {
+        return Ok(None);
+    }
+    measure(arm, 1, ws.len(), bytes, a, || {
+        let ys: Vec<Tensor<2>> = ws
+            .iter()
+            .map(|w| x.clone().matmul(w.clone().transpose()))
+            .collect();
+        sync()?;
+        drop(ys);
+        Ok(())
+    })
+    .map(Some)
 }
 
 #[derive(Serialize)]
@@ -396,22 +429,27 @@ fn main() -> Result<()> {
             check = Some(err / scale);
         }
         let bytes = n as u64 * (a.out * a.inp) as u64 * size;
-        let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _ = x.clone().matmul(ws[0].clone().transpose()).into_data();
-        }));
-        if probe.is_err() {
-            skipped.push(format!("{arm}: matmul panicked on this device"));
-            continue;
+        match matmul_arm(arm, &ws, &x, bytes, &a, &sync)? {
+            Some(r) => arms.push(r),
+            None => skipped.push(format!("{arm}: matmul panicked on this device")),
         }
-        arms.push(measure(arm, 1, n, bytes, &a, || {
-            let ys: Vec<Tensor<2>> = ws
-                .iter()
-                .map(|w| x.clone().matmul(w.clone().transpose()))
-                .collect();
-            sync()?;
-            drop(ys);
-            Ok(())
-        })?);
+    }
+
+    if a.arms.iter().any(|s| s == "burnq8") {
+        // Burn's own int8 quantization (its default scheme: symmetric, one f32 scale per
+        // tensor, values packed four per u32) of the same dequantized weights, multiplied by
+        // whatever Burn's matmul does with a quantized right-hand side on this device.
+        let n = a.float_matrices;
+        let scheme = QuantScheme::default();
+        let ws = (0..n)
+            .map(|k| Ok(float_weight(&store, k, &a, &dev)?.quantize_dynamic(&scheme)))
+            .collect::<Result<Vec<_>>>()?;
+        let x = random_x(&mut rng, 1, a.inp, &dev);
+        let bytes = n as u64 * (a.out * a.inp) as u64;
+        match matmul_arm("burnq8", &ws, &x, bytes, &a, &sync)? {
+            Some(r) => arms.push(r),
+            None => skipped.push("burnq8: Burn's quantized matmul panicked on this device".into()),
+        }
     }
 
     let report = Report {
@@ -430,14 +468,14 @@ fn main() -> Result<()> {
         arms,
     };
     println!(
-        "| arm  | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) |"
+        "| arm    | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) |"
     );
     println!(
-        "|------|----|----------|---------|-----------|--------|--------|---------------|-------------|"
+        "|--------|----|----------|---------|-----------|--------|--------|---------------|-------------|"
     );
     for r in &report.arms {
         println!(
-            "| {:<4} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} |",
+            "| {:<6} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} |",
             r.arm,
             r.t,
             r.matrices,
