@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Issue 4 (and 5, 7) on the H200 machine, which has no cargo: runs binaries built on the x86-64
+# build machine and carried in a folder, xz-compressed (`BIN`, default .devwork/bin):
+#
+#   q8_wgpu-wgpu.xz    burn-mapped's q8 kernel tests, Burn `wgpu` backend (WGSL)
+#   q8_wgpu-vulkan.xz  the same tests, Burn `vulkan` backend (SPIR-V)
+#   gemv-wgpu.xz       benches/src/bin/gemv.rs, --features wgpu,fusion
+#   gemv-vulkan.xz     benches/src/bin/gemv.rs, --features vulkan,fusion
+#   cuda_probe.xz      tools' CUDA/Vulkan endpoint probe (--features cuda-probe)
+#   fallback.xz        gpu-adopt/tests/fallback.rs (host-pointer import refused -> resident)
+#
+# Any that is absent is skipped. The Khronos Vulkan loader and glvnd come as Debian packages in
+# .gl/ (see the device notes); PyTorch is the machine's own. Results go to $OUT.
+#
+#   bash benches/scripts/h200_q8.sh
+set -u
+out="${OUT:-$PWD/h200-out}"
+bin="${BIN:-$PWD/.devwork/bin}"
+mkdir -p "$out"
+log="$out/h200.log"
+: > "$log"
+
+if [ -d .gl ]; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
+  if [ -f "$icd" ]; then export VK_DRIVER_FILES="$icd"; break; fi
+done
+export BURN_MAPPED_REQUIRE_GPU=1 RUST_BACKTRACE=1
+
+work=/tmp/bm-bin
+mkdir -p "$work"
+for f in "$bin"/*.xz; do
+  [ -e "$f" ] || continue
+  xz -dc "$f" > "$work/$(basename "$f" .xz)" && chmod +x "$work/$(basename "$f" .xz)"
+done
+
+section() { echo; echo "==== $* ($(date -u +%T))"; } >> "$log"
+run() { # name, command...
+  local name="$1"; shift
+  section "$name: $*"
+  "$@" >> "$log" 2>&1
+  echo "exit $?" >> "$log"
+}
+
+section machine
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv
+  nproc; grep -m1 "model name" /proc/cpuinfo; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+} >> "$log" 2>&1
+
+[ -x "$work/q8_wgpu-wgpu" ] && run "q8 tests, wgpu (WGSL)" "$work/q8_wgpu-wgpu" --test-threads=1 --nocapture
+[ -x "$work/q8_wgpu-vulkan" ] && run "q8 tests, vulkan (SPIR-V)" "$work/q8_wgpu-vulkan" --test-threads=1 --nocapture
+
+gemv_store=/tmp/bm-gemv
+[ -x "$work/gemv-vulkan" ] && run "gemv vulkan" "$work/gemv-vulkan" --device vulkan --store "$gemv_store" --json "$out/gemv-vulkan.json"
+[ -x "$work/gemv-wgpu" ] && run "gemv wgpu" "$work/gemv-wgpu" --device wgpu --store "$gemv_store" --json "$out/gemv-wgpu.json"
+run "gemv pytorch" python3 benches/python/gemv_torch.py --json "$out/gemv-torch.json"
+
+if [ -x "$work/cuda_probe" ]; then
+  store=/tmp/bm-qwen-shaped
+  run "make qwen-shaped store" "$work/cuda_probe" make-store "$store" --sizes tools/scripts/qwen_sizes.txt
+  cat "$store"/* > /dev/null
+  run "probe qwen-shaped (CUDA + Vulkan import)" "$work/cuda_probe" probe "$store" --passes 5 --warmup 1 --out "$out/probe-qwen-shaped.json"
+  rm -rf "$store"
+fi
+[ -x "$work/fallback" ] && BURN_MAPPED_EXPECT_REFUSAL=1 run "gpu-adopt fallback" "$work/fallback" --test-threads=1 --nocapture
+ls -l "$out" >> "$log"
