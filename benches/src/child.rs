@@ -40,6 +40,9 @@ pub enum ChildSpec {
         arm: Arm,
         files: ArmFiles,
         config: PathBuf,
+        /// The q8 projections' paths (`QwenSetup::layout_path`); `None` for a float store.
+        #[serde(default)]
+        layout: Option<PathBuf>,
         prompt: Vec<u32>,
         decode_tokens: usize,
         /// Print the sample, then hold the model until standard input closes (the
@@ -57,6 +60,8 @@ pub enum ChildSpec {
     Evict {
         files: ArmFiles,
         config: PathBuf,
+        #[serde(default)]
+        layout: Option<PathBuf>,
         prompt: Vec<u32>,
         spec: EvictSpec,
     },
@@ -69,23 +74,33 @@ pub fn run(spec: &ChildSpec) -> Result<()> {
             arm,
             files,
             config,
+            layout,
             prompt,
             decode_tokens,
             hold,
         } => {
-            let sample = qwen::run(*arm, files, config, prompt, *decode_tokens, |sample| {
-                if *hold {
-                    let mut out = std::io::stdout().lock();
-                    writeln!(out, "{}", serde_json::to_string(sample)?)?;
-                    out.flush()?;
-                    drop(out);
-                    // Keep the model (and its memory) until the parent has measured everyone.
-                    for line in std::io::stdin().lock().lines() {
-                        line?;
+            let layout = layout.as_deref();
+            let sample = qwen::run(
+                *arm,
+                files,
+                config,
+                layout,
+                prompt,
+                *decode_tokens,
+                |sample| {
+                    if *hold {
+                        let mut out = std::io::stdout().lock();
+                        writeln!(out, "{}", serde_json::to_string(sample)?)?;
+                        out.flush()?;
+                        drop(out);
+                        // Keep the model (and its memory) until the parent has measured everyone.
+                        for line in std::io::stdin().lock().lines() {
+                            line?;
+                        }
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                },
+            )?;
             if *hold {
                 return Ok(());
             }
@@ -100,9 +115,10 @@ pub fn run(spec: &ChildSpec) -> Result<()> {
         ChildSpec::Evict {
             files,
             config,
+            layout,
             prompt,
             spec,
-        } => serde_json::to_string(&evict::run(files, config, prompt, spec)?)?,
+        } => serde_json::to_string(&evict::run(files, config, layout.as_deref(), prompt, spec)?)?,
     };
     println!("{line}");
     Ok(())

@@ -80,6 +80,7 @@ fn address_bytes(ranges: &[Range<usize>]) -> u64 {
 pub fn run(
     files: &ArmFiles,
     config_path: &std::path::Path,
+    layout: Option<&std::path::Path>,
     prompt: &[u32],
     spec: &EvictSpec,
 ) -> Result<EvictReport> {
@@ -87,7 +88,7 @@ pub fn run(
         bail!("evict_at must be in 1..={}", spec.steps);
     }
     let device = Device::flex();
-    let loaded = qwen::load(Arm::Mapped, files, config_path, &device)?;
+    let loaded = qwen::load(Arm::Mapped, files, config_path, layout, &device)?;
     let model = &loaded.model;
     let store_files: Vec<PathBuf> = sys::files_of(&files.store)?;
 

@@ -12,10 +12,11 @@ use burn_mapped::memstat;
 use crate::arms::Arm;
 use crate::child::ChildSpec;
 use crate::evict::{EvictReport, EvictSpec};
+use crate::qwen::QwenModel;
 use crate::qwen::{self, QwenSample};
 use crate::report::{
-    Identity, Machine, Phase, QwenReport, Report, SCHEMA, Settings, ShareCell, ShareProcess,
-    SynthReport,
+    Identity, LlamaCpp, Machine, Phase, QwenIdentity, QwenReport, Report, SCHEMA, Settings,
+    ShareCell, ShareProcess, SynthReport,
 };
 use crate::synth::{self, SynthSample};
 use crate::{llama, plot, readme, report, sys};
@@ -35,6 +36,8 @@ pub struct RunConfig {
     pub evict: bool,
     pub llama_cpp: bool,
     pub qwen: bool,
+    /// The Qwen stores to measure, in order.
+    pub models: Vec<QwenModel>,
     pub prompt: String,
     pub chat: bool,
     pub cache_dir: PathBuf,
@@ -85,13 +88,13 @@ fn needed(arm: Arm, weight_bytes: u64, processes: usize) -> u64 {
 }
 
 struct PhaseClock {
-    name: &'static str,
+    name: String,
     start: Instant,
     load: f64,
 }
 
 impl PhaseClock {
-    fn start(name: &'static str) -> Self {
+    fn start(name: String) -> Self {
         eprintln!("== {name}");
         PhaseClock {
             name,
@@ -101,7 +104,7 @@ impl PhaseClock {
     }
     fn end(self, phases: &mut Vec<Phase>) {
         phases.push(Phase {
-            name: self.name.into(),
+            name: self.name,
             wall_s: self.start.elapsed().as_secs_f64(),
             load_start: self.load,
             load_end: sys::loadavg(),
@@ -154,205 +157,43 @@ pub fn run(cfg: &RunConfig) -> Result<Report> {
     let mut identity = Identity::default();
     let mut llama_cpp = None;
 
-    let qwen_report = if cfg.qwen {
-        let clock = PhaseClock::start("prepare qwen");
-        let setup = qwen::prepare(&cfg.cache_dir, &bench_dir)?;
-        let tok = qwen::tokenizer(&setup)?;
-        let (_, prompt_ids) = qwen::prompt_ids(&tok, &cfg.prompt, cfg.chat)?;
-        clock.end(&mut phases);
-        let files = &setup.files;
-        let mut file_bytes = Vec::new();
-        for arm in [Arm::Mapped, Arm::LoadFile, Arm::Safetensors] {
-            file_bytes.push((arm, sys::total_len(&sys::files_of(arm.input(files))?)?));
-        }
-        let spec = |arm, decode_tokens, hold| ChildSpec::Qwen {
-            arm,
-            files: files.clone(),
-            config: setup.config_path.clone(),
-            prompt: prompt_ids.clone(),
-            decode_tokens,
-            hold,
-        };
-        let guard = |arm: Arm, n: usize| -> Result<Option<String>> {
-            let (need, avail) = (needed(arm, setup.weight_bytes, n), sys::mem_available()?);
-            Ok((need > avail).then(|| {
-                format!(
-                    "needs about {:.1} GiB, MemAvailable {:.1} GiB",
-                    need as f64 / (1u64 << 30) as f64,
-                    avail as f64 / (1u64 << 30) as f64
-                )
-            }))
-        };
-
-        // Warm start-up, first token, decode and memory.
-        let clock = PhaseClock::start("qwen warm");
-        let mut warm = Vec::new();
-        for round in 0..cfg.rounds {
-            for arm in Arm::order(round) {
-                if let Some(why) = guard(arm, 1)? {
-                    bail!("{}: {why}; free memory or lower the load", arm.name());
+    let mut qwen_f32 = None;
+    let mut qwen_q8 = None;
+    if cfg.qwen {
+        for &model in &cfg.models {
+            let (q, id) = run_qwen(
+                cfg,
+                model,
+                &bench_dir,
+                &mut phases,
+                &mut notes,
+                &mut llama_cpp,
+            )?;
+            identity.mismatches.extend(id.mismatches.iter().cloned());
+            match model {
+                QwenModel::F32 => {
+                    identity.qwen_tokens_identical = id.tokens_identical;
+                    identity.qwen_logits_identical = id.logits_identical;
+                    identity.share_tokens_identical = id.share_tokens_identical;
+                    identity.evict_logits_identical = id.evict_logits_identical;
+                    qwen_f32 = Some(q);
                 }
-                let inputs = sys::files_of(arm.input(files))?;
-                sys::warm(&inputs)?;
-                let residency = sys::residency(&inputs)?;
-                let (line, wall) = run_child(&spec(arm, cfg.decode_tokens, false))?;
-                let mut s: QwenSample = serde_json::from_str(&line)?;
-                s.round = round;
-                s.cache = "warm".into();
-                s.residency_before = residency;
-                s.process_ms = wall;
-                eprintln!(
-                    "  round {round} {:<12} ready {:8.1} ms  first token {:8.1} ms  decode {:5.2} tok/s  anon {:6.0} MiB",
-                    arm.name(),
-                    s.model_ready_ms,
-                    s.ttft_ms,
-                    s.decode_tok_s,
-                    s.mem_after_load.anon as f64 / (1u64 << 20) as f64
-                );
-                warm.push(s);
+                QwenModel::Q8 => {
+                    identity.qwen_q8 = Some(id);
+                    qwen_q8 = Some(q);
+                }
             }
         }
-        clock.end(&mut phases);
-
-        // Cold: the arm's files evicted, confirmed with mincore.
-        let clock = PhaseClock::start("qwen cold");
-        let mut cold = Vec::new();
-        for round in 0..cfg.cold_rounds {
-            for arm in Arm::order(round) {
-                let inputs = sys::files_of(arm.input(files))?;
-                sys::evict(&inputs)?;
-                let residency = sys::residency(&inputs)?;
-                if residency > 0.01 {
-                    notes.push(format!(
-                        "cold round {round}, {}: {:.1} % of the files stayed resident after eviction (another process maps them?)",
-                        arm.name(),
-                        100.0 * residency
-                    ));
-                }
-                let (line, wall) = run_child(&spec(arm, 0, false))?;
-                let mut s: QwenSample = serde_json::from_str(&line)?;
-                s.round = round;
-                s.cache = "cold".into();
-                s.residency_before = residency;
-                s.process_ms = wall;
-                eprintln!(
-                    "  cold {round} {:<12} resident {:5.2} %  ready {:8.1} ms  first token {:8.1} ms",
-                    arm.name(),
-                    100.0 * residency,
-                    s.model_ready_ms,
-                    s.ttft_ms
-                );
-                cold.push(s);
-            }
-        }
-        clock.end(&mut phases);
-
-        // Sharing.
-        let clock = PhaseClock::start("qwen sharing");
-        let mut share = Vec::new();
-        for &n in &cfg.share {
-            for arm in Arm::ALL {
-                if let Some(why) = guard(arm, n)? {
-                    eprintln!("  share {:<12} x{n}: skipped ({why})", arm.name());
-                    share.push(ShareCell {
-                        arm,
-                        processes: n,
-                        skipped: Some(why),
-                        total_pss: 0,
-                        total_anonymous: 0,
-                        total_rss_anon: 0,
-                        total_rss_file: 0,
-                        per_process: Vec::new(),
-                        tokens: Vec::new(),
-                        wall_ms: 0.0,
-                    });
-                    continue;
-                }
-                sys::warm(&sys::files_of(arm.input(files))?)?;
-                let cell = share_cell(&spec(arm, cfg.share_tokens, true), arm, n)?;
-                eprintln!(
-                    "  share {:<12} x{n}: total PSS {:6.0} MiB  anonymous {:6.0} MiB",
-                    arm.name(),
-                    cell.total_pss as f64 / (1u64 << 20) as f64,
-                    cell.total_anonymous as f64 / (1u64 << 20) as f64
-                );
-                share.push(cell);
-            }
-        }
-        clock.end(&mut phases);
-
-        // Eviction and refault.
-        let evict = if cfg.evict {
-            let clock = PhaseClock::start("qwen eviction");
-            sys::warm(&sys::files_of(&files.store)?)?;
-            let steps = cfg.decode_tokens.max(16);
-            let spec = ChildSpec::Evict {
-                files: files.clone(),
-                config: setup.config_path.clone(),
-                prompt: prompt_ids.clone(),
-                spec: EvictSpec {
-                    steps,
-                    evict_at: steps / 4,
-                    pressure: (steps / 2)..(steps / 2 + steps / 8),
-                    interval_ms: 300,
-                },
-            };
-            let (line, _) = run_child(&spec)?;
-            let e: EvictReport = serde_json::from_str(&line)?;
-            eprintln!(
-                "  evicted {:.1} % -> {:.1} %, refault step {:.0} ms vs {:.0} ms, logits identical {}, verify failures {}",
-                100.0 * e.residency_before,
-                100.0 * e.residency_after_evict,
-                e.refault_step_ms,
-                e.steady_step_ms,
-                e.logits_identical,
-                e.verify_failures.len()
-            );
-            clock.end(&mut phases);
-            Some(e)
-        } else {
-            None
-        };
-
-        if cfg.llama_cpp {
-            let clock = PhaseClock::start("llama.cpp reference");
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let l = llama::measure(&setup.paths.gguf, &prompt_ids, cfg.decode_tokens, threads)?;
-            eprintln!("  {}: {:.2} tok/s", l.status, l.decode_tok_s);
-            llama_cpp = Some(l);
-            clock.end(&mut phases);
-        }
-
-        // Identity.
-        check_qwen_identity(&warm, &cold, &share, evict.as_ref(), &mut identity);
-        let generated_text = warm
-            .first()
-            .map(|s| tok.decode(&s.tokens))
-            .transpose()?
-            .unwrap_or_default();
-        Some(QwenReport {
-            store: setup.paths.store.display().to_string(),
-            weight_bytes: setup.weight_bytes,
-            file_bytes,
-            prompt_ids,
-            generated_text,
-            warm,
-            cold,
-            share,
-            evict,
-        })
-    } else {
-        None
-    };
+    }
 
     let synthetic = if cfg.synthetic_layers > 0 && cfg.synthetic_rounds > 0 {
-        let clock = PhaseClock::start("prepare synthetic");
+        let clock = PhaseClock::start("prepare synthetic".into());
         let (layers, dim) = (cfg.synthetic_layers, cfg.synthetic_dim);
         let files = synth::files(&bench_dir, layers, dim);
         synth::prepare(&files, layers, dim)?;
         let weight_bytes = (layers * (dim * dim + dim) * 4) as u64;
         clock.end(&mut phases);
-        let clock = PhaseClock::start("synthetic warm");
+        let clock = PhaseClock::start("synthetic warm".into());
         let mut samples = Vec::new();
         for round in 0..cfg.synthetic_rounds {
             for arm in Arm::order(round) {
@@ -422,7 +263,8 @@ pub fn run(cfg: &RunConfig) -> Result<Report> {
         command: cfg.command.clone(),
         machine,
         settings,
-        qwen: qwen_report,
+        qwen: qwen_f32,
+        qwen_q8,
         synthetic,
         llama_cpp,
         phases,
@@ -433,6 +275,212 @@ pub fn run(cfg: &RunConfig) -> Result<Report> {
     rep.targets = report::targets(&rep);
     write_outputs(&rep, &cfg.results_dir, cfg.readme.as_deref())?;
     Ok(rep)
+}
+
+/// Every Qwen phase on one store; the identity checks of its samples come back beside it.
+fn run_qwen(
+    cfg: &RunConfig,
+    model: QwenModel,
+    bench_dir: &Path,
+    phases: &mut Vec<Phase>,
+    notes: &mut Vec<String>,
+    llama_cpp: &mut Option<LlamaCpp>,
+) -> Result<(QwenReport, QwenIdentity)> {
+    let tag = model.tag();
+    let clock = PhaseClock::start(format!("prepare qwen {tag}"));
+    let setup = qwen::prepare(&cfg.cache_dir, bench_dir, model)?;
+    let tok = qwen::tokenizer(&setup)?;
+    let (_, prompt_ids) = qwen::prompt_ids(&tok, &cfg.prompt, cfg.chat)?;
+    clock.end(phases);
+    let files = &setup.files;
+    let mut file_bytes = Vec::new();
+    for arm in [Arm::Mapped, Arm::LoadFile, Arm::Safetensors] {
+        file_bytes.push((arm, sys::total_len(&sys::files_of(arm.input(files))?)?));
+    }
+    let spec = |arm, decode_tokens, hold| ChildSpec::Qwen {
+        arm,
+        files: files.clone(),
+        config: setup.config_path.clone(),
+        layout: setup.layout_path.clone(),
+        prompt: prompt_ids.clone(),
+        decode_tokens,
+        hold,
+    };
+    let guard = |arm: Arm, n: usize| -> Result<Option<String>> {
+        let (need, avail) = (needed(arm, setup.weight_bytes, n), sys::mem_available()?);
+        Ok((need > avail).then(|| {
+            format!(
+                "needs about {:.1} GiB, MemAvailable {:.1} GiB",
+                need as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            )
+        }))
+    };
+
+    // Warm start-up, first token, decode and memory.
+    let clock = PhaseClock::start(format!("qwen {tag} warm"));
+    let mut warm = Vec::new();
+    for round in 0..cfg.rounds {
+        for arm in Arm::order(round) {
+            if let Some(why) = guard(arm, 1)? {
+                bail!("{tag} {}: {why}; free memory or lower the load", arm.name());
+            }
+            let inputs = sys::files_of(arm.input(files))?;
+            sys::warm(&inputs)?;
+            let residency = sys::residency(&inputs)?;
+            let (line, wall) = run_child(&spec(arm, cfg.decode_tokens, false))
+                .with_context(|| format!("qwen {tag} {}", arm.name()))?;
+            let mut s: QwenSample = serde_json::from_str(&line)?;
+            s.round = round;
+            s.cache = "warm".into();
+            s.residency_before = residency;
+            s.process_ms = wall;
+            eprintln!(
+                "  {tag} round {round} {:<12} ready {:8.1} ms  first token {:8.1} ms  decode {:5.2} tok/s  anon {:6.0} MiB",
+                arm.name(),
+                s.model_ready_ms,
+                s.ttft_ms,
+                s.decode_tok_s,
+                s.mem_after_load.anon as f64 / (1u64 << 20) as f64
+            );
+            warm.push(s);
+        }
+    }
+    clock.end(phases);
+
+    // Cold: the arm's files evicted, confirmed with mincore.
+    let clock = PhaseClock::start(format!("qwen {tag} cold"));
+    let mut cold = Vec::new();
+    for round in 0..cfg.cold_rounds {
+        for arm in Arm::order(round) {
+            let inputs = sys::files_of(arm.input(files))?;
+            sys::evict(&inputs)?;
+            let residency = sys::residency(&inputs)?;
+            if residency > 0.01 {
+                notes.push(format!(
+                    "qwen {tag} cold round {round}, {}: {:.1} % of the files stayed resident after eviction (another process maps them?)",
+                    arm.name(),
+                    100.0 * residency
+                ));
+            }
+            let (line, wall) = run_child(&spec(arm, 0, false))?;
+            let mut s: QwenSample = serde_json::from_str(&line)?;
+            s.round = round;
+            s.cache = "cold".into();
+            s.residency_before = residency;
+            s.process_ms = wall;
+            eprintln!(
+                "  {tag} cold {round} {:<12} resident {:5.2} %  ready {:8.1} ms  first token {:8.1} ms",
+                arm.name(),
+                100.0 * residency,
+                s.model_ready_ms,
+                s.ttft_ms
+            );
+            cold.push(s);
+        }
+    }
+    clock.end(phases);
+
+    // Sharing.
+    let clock = PhaseClock::start(format!("qwen {tag} sharing"));
+    let mut share = Vec::new();
+    for &n in &cfg.share {
+        for arm in Arm::ALL {
+            if let Some(why) = guard(arm, n)? {
+                eprintln!("  {tag} share {:<12} x{n}: skipped ({why})", arm.name());
+                share.push(ShareCell {
+                    arm,
+                    processes: n,
+                    skipped: Some(why),
+                    total_pss: 0,
+                    total_anonymous: 0,
+                    total_rss_anon: 0,
+                    total_rss_file: 0,
+                    per_process: Vec::new(),
+                    tokens: Vec::new(),
+                    wall_ms: 0.0,
+                });
+                continue;
+            }
+            sys::warm(&sys::files_of(arm.input(files))?)?;
+            let cell = share_cell(&spec(arm, cfg.share_tokens, true), arm, n)?;
+            eprintln!(
+                "  {tag} share {:<12} x{n}: total PSS {:6.0} MiB  anonymous {:6.0} MiB",
+                arm.name(),
+                cell.total_pss as f64 / (1u64 << 20) as f64,
+                cell.total_anonymous as f64 / (1u64 << 20) as f64
+            );
+            share.push(cell);
+        }
+    }
+    clock.end(phases);
+
+    // Eviction and refault.
+    let evict = if cfg.evict {
+        let clock = PhaseClock::start(format!("qwen {tag} eviction"));
+        sys::warm(&sys::files_of(&files.store)?)?;
+        let steps = cfg.decode_tokens.max(16);
+        let spec = ChildSpec::Evict {
+            files: files.clone(),
+            config: setup.config_path.clone(),
+            layout: setup.layout_path.clone(),
+            prompt: prompt_ids.clone(),
+            spec: EvictSpec {
+                steps,
+                evict_at: steps / 4,
+                pressure: (steps / 2)..(steps / 2 + steps / 8),
+                interval_ms: 300,
+            },
+        };
+        let (line, _) = run_child(&spec)?;
+        let e: EvictReport = serde_json::from_str(&line)?;
+        eprintln!(
+            "  {tag} evicted {:.1} % -> {:.1} %, refault step {:.0} ms vs {:.0} ms, logits identical {}, verify failures {}",
+            100.0 * e.residency_before,
+            100.0 * e.residency_after_evict,
+            e.refault_step_ms,
+            e.steady_step_ms,
+            e.logits_identical,
+            e.verify_failures.len()
+        );
+        clock.end(phases);
+        Some(e)
+    } else {
+        None
+    };
+
+    // llama.cpp runs the GGUF itself, the same for every store: measured once, beside f32.
+    if cfg.llama_cpp && model == QwenModel::F32 {
+        let clock = PhaseClock::start("llama.cpp reference".into());
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let l = llama::measure(&setup.paths.gguf, &prompt_ids, cfg.decode_tokens, threads)?;
+        eprintln!("  {}: {:.2} tok/s", l.status, l.decode_tok_s);
+        *llama_cpp = Some(l);
+        clock.end(phases);
+    }
+
+    // Identity.
+    let id = check_qwen_identity(tag, &warm, &cold, &share, evict.as_ref());
+    let generated_text = warm
+        .first()
+        .map(|s| tok.decode(&s.tokens))
+        .transpose()?
+        .unwrap_or_default();
+    Ok((
+        QwenReport {
+            model,
+            store: setup.paths.store.display().to_string(),
+            weight_bytes: setup.weight_bytes,
+            file_bytes,
+            prompt_ids,
+            generated_text,
+            warm,
+            cold,
+            share,
+            evict,
+        },
+        id,
+    ))
 }
 
 /// Writes `<name>.json`, the SVGs and, when `readme` is given, the README section.
@@ -466,13 +514,15 @@ pub fn update_readme(rep: &Report, path: &Path, results_dir: &Path) -> Result<()
     Ok(())
 }
 
+/// Tokens and logits of every sample of one store against its first warm sample.
 fn check_qwen_identity(
+    tag: &str,
     warm: &[QwenSample],
     cold: &[QwenSample],
     share: &[ShareCell],
     evict: Option<&EvictReport>,
-    id: &mut Identity,
-) {
+) -> QwenIdentity {
+    let mut id = QwenIdentity::default();
     if let Some(first) = warm.first() {
         let mut tokens_ok = true;
         let mut logits_ok = true;
@@ -480,7 +530,7 @@ fn check_qwen_identity(
             if s.tokens != first.tokens {
                 tokens_ok = false;
                 id.mismatches.push(format!(
-                    "qwen warm round {} {}: tokens {:?} differ from {:?}",
+                    "qwen {tag} warm round {} {}: tokens {:?} differ from {:?}",
                     s.round,
                     s.arm.name(),
                     s.tokens,
@@ -492,7 +542,7 @@ fn check_qwen_identity(
             {
                 logits_ok = false;
                 id.mismatches.push(format!(
-                    "qwen warm round {} {}: logits hash {}/{} differs from {}/{}",
+                    "qwen {tag} warm round {} {}: logits hash {}/{} differs from {}/{}",
                     s.round,
                     s.arm.name(),
                     s.first_logits_xxh3,
@@ -508,14 +558,14 @@ fn check_qwen_identity(
             {
                 tokens_ok = false;
                 id.mismatches.push(format!(
-                    "qwen cold round {} {}: first token or logits differ",
+                    "qwen {tag} cold round {} {}: first token or logits differ",
                     s.round,
                     s.arm.name()
                 ));
             }
         }
-        id.qwen_tokens_identical = Some(tokens_ok);
-        id.qwen_logits_identical = Some(logits_ok);
+        id.tokens_identical = Some(tokens_ok);
+        id.logits_identical = Some(logits_ok);
         let mut share_ok = None;
         for c in share.iter().filter(|c| c.skipped.is_none()) {
             let ok = c
@@ -524,7 +574,7 @@ fn check_qwen_identity(
                 .all(|t| first.tokens.starts_with(t) || t.starts_with(&first.tokens));
             if !ok {
                 id.mismatches.push(format!(
-                    "qwen sharing {} x{}: tokens differ",
+                    "qwen {tag} sharing {} x{}: tokens differ",
                     c.arm.name(),
                     c.processes
                 ));
@@ -538,7 +588,7 @@ fn check_qwen_identity(
                 first.tokens.starts_with(&e.tokens) || e.tokens.starts_with(&first.tokens);
             if !ok || !prefix_ok {
                 id.mismatches.push(format!(
-                    "qwen eviction: logits identical {}, tokens identical {}, verify failures {}, matches the arms' tokens {}",
+                    "qwen {tag} eviction: logits identical {}, tokens identical {}, verify failures {}, matches the arms' tokens {}",
                     e.logits_identical,
                     e.tokens_identical,
                     e.verify_failures.len(),
@@ -548,6 +598,7 @@ fn check_qwen_identity(
             id.evict_logits_identical = Some(ok && prefix_ok);
         }
     }
+    id
 }
 
 /// `n` concurrent holding children of one arm, measured while all are alive.

@@ -6,7 +6,8 @@ use anyhow::Result;
 use plotters::prelude::*;
 
 use crate::arms::Arm;
-use crate::report::{Report, summarize_qwen, summarize_synth};
+use crate::evict::EvictReport;
+use crate::report::{QwenReport, Report, summarize_qwen, summarize_synth};
 use crate::stats::Stats;
 
 const COLORS: [RGBColor; 4] = [
@@ -118,7 +119,8 @@ fn bars(
 pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let path = |name: &str| dir.join(format!("{}-{name}", report.name));
-    if let Some(q) = &report.qwen {
+    for q in [&report.qwen, &report.qwen_q8].into_iter().flatten() {
+        let (fig, tag) = (q.model.figure_prefix(), q.model.tag());
         let warm = summarize_qwen(&q.warm);
         let cold = summarize_qwen(&q.cold);
         let arms: Vec<Arm> = warm.iter().map(|s| s.arm).collect();
@@ -147,10 +149,10 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
                 arms.iter().map(|&a| cold_of(a, |s| s.ttft_ms)).collect(),
             ));
         }
-        let p = path("qwen-startup.svg");
+        let p = path(&format!("{fig}startup.svg"));
         bars(
             &p,
-            "Qwen2.5-0.5B f32: start-up (ms, log scale; median, min–max)",
+            &format!("Qwen2.5-0.5B {tag}: start-up (ms, log scale; median, min–max)"),
             "ms",
             true,
             &arms,
@@ -184,10 +186,10 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
                 warm.iter().map(|s| mib(s.file_after_decode)).collect(),
             ),
         ];
-        let p = path("qwen-memory.svg");
+        let p = path(&format!("{fig}memory.svg"));
         bars(
             &p,
-            "Qwen2.5-0.5B f32: resident memory per process (MiB)",
+            &format!("Qwen2.5-0.5B {tag}: resident memory per process (MiB)"),
             "MiB",
             false,
             &arms,
@@ -196,13 +198,13 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
         out.push(p);
 
         if q.share.iter().any(|c| c.skipped.is_none()) {
-            let p = path("qwen-sharing.svg");
-            sharing(&p, report)?;
+            let p = path(&format!("{fig}sharing.svg"));
+            sharing(&p, q)?;
             out.push(p);
         }
-        if q.evict.is_some() {
-            let p = path("qwen-evict.svg");
-            evict(&p, report)?;
+        if let Some(e) = &q.evict {
+            let p = path(&format!("{fig}evict.svg"));
+            evict(&p, e)?;
             out.push(p);
         }
     }
@@ -229,8 +231,7 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn sharing(path: &Path, report: &Report) -> Result<()> {
-    let q = report.qwen.as_ref().expect("caller checked");
+fn sharing(path: &Path, q: &QwenReport) -> Result<()> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let weights = gib(q.weight_bytes);
     let max_n = q.share.iter().map(|c| c.processes).max().unwrap_or(1) as f64;
@@ -245,7 +246,10 @@ fn sharing(path: &Path, report: &Report) -> Result<()> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Concurrent decoders: total PSS (GiB) against process count",
+            format!(
+                "Qwen2.5-0.5B {}, concurrent decoders: total PSS (GiB) against process count",
+                q.model.tag()
+            ),
             ("sans-serif", 18),
         )
         .margin(12)
@@ -303,12 +307,7 @@ fn sharing(path: &Path, report: &Report) -> Result<()> {
     Ok(())
 }
 
-fn evict(path: &Path, report: &Report) -> Result<()> {
-    let e = report
-        .qwen
-        .as_ref()
-        .and_then(|q| q.evict.as_ref())
-        .expect("caller checked");
+fn evict(path: &Path, e: &EvictReport) -> Result<()> {
     let steps = e.run_b_step_ms.len();
     let top = e
         .run_a_step_ms

@@ -1,6 +1,7 @@
 //! The Qwen2.5 arms: inputs prepared once outside the repository, and the child that loads,
 //! answers a fixed prompt and decodes.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -10,20 +11,82 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped::MappedRecorder;
 use burn_mapped_models::qwen2::{KvCache, Qwen2Config, Qwen2ForCausalLM, argmax};
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
-use burn_mapped_tools::qwen::{self as tq, ModelPaths};
+use burn_mapped_tools::qwen::{self as tq, ModelPaths, StoreDType};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::arms::{self, Arm, ArmFiles};
 use crate::child::Mem;
 
+/// Which store of the checkpoint the Qwen arms load.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum, Default,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum QwenModel {
+    /// Every tensor f32.
+    #[default]
+    F32,
+    /// Projections and LM head int8 with one f16 scale per row (`Q8Linear`), the rest f32.
+    Q8,
+}
+
+impl QwenModel {
+    /// Every model, in the order the harness runs them.
+    pub const ALL: [QwenModel; 2] = [QwenModel::F32, QwenModel::Q8];
+
+    /// Short name used in JSON, file names and on the command line.
+    pub fn tag(self) -> &'static str {
+        match self {
+            QwenModel::F32 => "f32",
+            QwenModel::Q8 => "q8",
+        }
+    }
+
+    /// What the store holds, for headings.
+    pub fn label(self) -> &'static str {
+        match self {
+            QwenModel::F32 => "f32",
+            QwenModel::Q8 => {
+                "q8 store (projections and LM head int8 with one f16 scale per row; embedding, \
+                 norms and biases f32)"
+            }
+        }
+    }
+
+    /// File-name prefix of the model's figures (`qwen-` keeps the f32 names of earlier runs).
+    pub fn figure_prefix(self) -> &'static str {
+        match self {
+            QwenModel::F32 => "qwen-",
+            QwenModel::Q8 => "qwen-q8-",
+        }
+    }
+
+    fn store_dtype(self) -> StoreDType {
+        match self {
+            QwenModel::F32 => StoreDType::Float(DType::F32),
+            QwenModel::Q8 => StoreDType::Q8,
+        }
+    }
+}
+
+impl std::fmt::Display for QwenModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.tag())
+    }
+}
+
 /// Where the Qwen inputs are.
 #[derive(Debug, Clone)]
 pub struct QwenSetup {
+    pub model: QwenModel,
     pub paths: ModelPaths,
     pub files: ArmFiles,
     /// The model configuration, as JSON every arm reads the same way.
     pub config_path: PathBuf,
+    /// For a store with q8 projections: the JSON list of their module paths, which every arm
+    /// reads (like the config) to build `Q8Linear`s there. `None`: every projection is float.
+    pub layout_path: Option<PathBuf>,
     pub config: Qwen2Config,
     /// Logical bytes of every weight (no padding).
     pub weight_bytes: u64,
@@ -31,18 +94,31 @@ pub struct QwenSetup {
 
 /// Fetches and converts the checkpoint on first use (as `burn-mapped generate` does), then
 /// writes the same weights as burnpack and safetensors into `bench_dir` once.
-pub fn prepare(cache_dir: &Path, bench_dir: &Path) -> Result<QwenSetup> {
-    let paths = tq::resolve(tq::QWEN25_CODER_05B, DType::F32, cache_dir, None)
-        .context("fetching or converting Qwen2.5-Coder-0.5B")?;
-    let dir = bench_dir.join("qwen2.5-coder-0.5b-f32");
+pub fn prepare(cache_dir: &Path, bench_dir: &Path, model: QwenModel) -> Result<QwenSetup> {
+    let paths = tq::resolve(tq::QWEN25_CODER_05B, model.store_dtype(), cache_dir, None)
+        .with_context(|| {
+            format!(
+                "fetching or converting Qwen2.5-Coder-0.5B ({})",
+                model.tag()
+            )
+        })?;
+    let dir = bench_dir.join(format!("qwen2.5-coder-0.5b-{}", model.tag()));
     std::fs::create_dir_all(&dir)?;
     let manifest = burn_mapped::Manifest::read(&paths.store)?;
     let weight_bytes = manifest.tensors().iter().map(|t| t.len()).sum();
+    let q8_paths = q8_projections(&manifest);
     let store = burn_mapped::MappedStore::open(&paths.store)?;
     let config = tq::config_from_store(&store)?;
     drop(store);
     let config_path = dir.join("config.json");
     std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+    let layout_path = if q8_paths.is_empty() {
+        None
+    } else {
+        let path = dir.join("q8_projections.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&q8_paths)?)?;
+        Some(path)
+    };
     let files = ArmFiles {
         store: paths.store.clone(),
         burnpack: dir.join("model.bpk"),
@@ -54,18 +130,47 @@ pub fn prepare(cache_dir: &Path, bench_dir: &Path) -> Result<QwenSetup> {
             dir.display()
         );
         let device = Device::flex();
-        let model = config
-            .try_init(&device)?
+        let model = init(&config, layout_path.as_deref(), &device)?
             .try_load_record(MappedRecorder::default().load(&paths.store)?)?;
         arms::write_formats(&model, &files)?;
     }
     Ok(QwenSetup {
+        model,
         paths,
         files,
         config_path,
+        layout_path,
         config,
         weight_bytes,
     })
+}
+
+/// Module paths of the projections the store holds as q8 (`lm_head`,
+/// `model.layers.0.mlp.up_proj`, ...), sorted.
+pub fn q8_projections(manifest: &burn_mapped::Manifest) -> Vec<String> {
+    let mut paths: Vec<String> = manifest
+        .tensors()
+        .iter()
+        .filter(|t| {
+            t.quant()
+                .is_some_and(|q| q.scheme == burn_mapped::Q8_ROW_F16)
+        })
+        .filter_map(|t| t.name().strip_suffix(".weight").map(str::to_string))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// The lazy module: projections listed in the `layout` file are q8, the rest float.
+fn init(config: &Qwen2Config, layout: Option<&Path>, device: &Device) -> Result<Qwen2ForCausalLM> {
+    let q8: HashSet<String> = match layout {
+        Some(path) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| path.display().to_string())?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))?,
+        None => HashSet::new(),
+    };
+    Ok(config.try_init_with(device, |p| q8.contains(p))?)
 }
 
 /// The tokenizer of the checkpoint.
@@ -153,13 +258,20 @@ pub struct Loaded {
     pub model_ready_ms: f64,
 }
 
-/// Reads the config, constructs the lazy module and loads it through `arm`.
-pub fn load(arm: Arm, files: &ArmFiles, config_path: &Path, device: &Device) -> Result<Loaded> {
+/// Reads the config (and the q8 layout, if any), constructs the lazy module and loads it
+/// through `arm`.
+pub fn load(
+    arm: Arm,
+    files: &ArmFiles,
+    config_path: &Path,
+    layout: Option<&Path>,
+    device: &Device,
+) -> Result<Loaded> {
     let start = Instant::now();
     let config: Qwen2Config = serde_json::from_slice(
         &std::fs::read(config_path).with_context(|| config_path.display().to_string())?,
     )?;
-    let fresh = config.try_init(device)?;
+    let fresh = init(&config, layout, device)?;
     let construct_ms = ms(start);
     let model = arms::load(arm, fresh, files)?;
     Ok(Loaded {
@@ -176,12 +288,13 @@ pub fn run(
     arm: Arm,
     files: &ArmFiles,
     config_path: &Path,
+    layout: Option<&Path>,
     prompt: &[u32],
     decode_tokens: usize,
     hold: impl FnOnce(&QwenSample) -> Result<()>,
 ) -> Result<QwenSample> {
     let device = Device::flex();
-    let loaded = load(arm, files, config_path, &device)?;
+    let loaded = load(arm, files, config_path, layout, &device)?;
     let mem_after_load = Mem::now()?;
     let model = &loaded.model;
     let mut cache = model.new_cache(1, prompt.len() + decode_tokens);

@@ -14,7 +14,9 @@ pub fn section(report: &Report, image_dir: &str, json_path: &str) -> String {
     format!(
         "{BEGIN}\n\n\
          Measured by the harness of issue 6 (`benches/src/bin/harness.rs`): five loaders of the \
-         same weights, each measurement in a fresh process, arm order rotated every round. Raw \
+         same weights (the Qwen2.5 f32 store and, where the results hold it, its q8 store, each \
+         with every arm that can load it), each measurement in a fresh process, arm order \
+         rotated every round. Raw \
          samples in [`{json_path}`]({json_path}); this section is generated from them. These \
          figures came from\n\n\
          ```sh\n{}\n```\n\n\

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::arms::Arm;
 use crate::evict::EvictReport;
-use crate::qwen::QwenSample;
+use crate::qwen::{QwenModel, QwenSample};
 use crate::stats::{Stats, paired};
 use crate::synth::SynthSample;
 
@@ -22,7 +22,11 @@ pub struct Report {
     pub command: String,
     pub machine: Machine,
     pub settings: Settings,
+    /// The f32 store.
     pub qwen: Option<QwenReport>,
+    /// The q8 store (absent in results written before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qwen_q8: Option<QwenReport>,
     pub synthetic: Option<SynthReport>,
     pub llama_cpp: Option<LlamaCpp>,
     /// Wall time of each phase, seconds.
@@ -66,6 +70,9 @@ pub struct Settings {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QwenReport {
+    /// Which store (results written before q8 was measured hold f32 only).
+    #[serde(default)]
+    pub model: QwenModel,
     pub store: String,
     pub weight_bytes: u64,
     /// Bytes on disk per format (store: with its 16 KiB padding).
@@ -138,6 +145,20 @@ pub struct Identity {
     pub share_tokens_identical: Option<bool>,
     pub synthetic_outputs_identical: Option<bool>,
     pub evict_logits_identical: Option<bool>,
+    /// The same checks on the q8 store's samples (the fields above are the f32 store's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qwen_q8: Option<QwenIdentity>,
+    pub mismatches: Vec<String>,
+}
+
+/// Identity checks of one Qwen store: every arm, round and phase against its first warm sample.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct QwenIdentity {
+    pub tokens_identical: Option<bool>,
+    pub logits_identical: Option<bool>,
+    pub share_tokens_identical: Option<bool>,
+    pub evict_logits_identical: Option<bool>,
+    /// Also copied into [`Identity::mismatches`].
     pub mismatches: Vec<String>,
 }
 
@@ -397,6 +418,45 @@ pub fn targets(report: &Report) -> Vec<Target> {
             _ => None,
         },
     });
+
+    // The issue's targets are about the f32 store; the q8 store's figures are context.
+    if let Some(q8) = &report.qwen_q8 {
+        let warm = summarize_qwen(&q8.warm);
+        let mapped = find(&warm, Arm::Mapped, |s| s.arm);
+        let speedup = mapped.and_then(|m| m.ready_speedup_vs_load_file);
+        out.push(Target {
+            name: "context: time to model-ready vs `Module::load_file` (q8 store, warm)".into(),
+            target: "(no target)".into(),
+            measured: speedup.map_or("not measured".into(), |s| {
+                format!(
+                    "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
+                    s.median, s.min, s.max
+                )
+            }),
+            met: None,
+        });
+        let r = |arm| {
+            q8.warm
+                .iter()
+                .filter(|s| s.arm == arm && s.decode_tokens > 0)
+                .map(|s| (s.round, s.decode_tok_s))
+                .collect::<Vec<_>>()
+        };
+        let ratio = paired(&r(Arm::Mapped), &r(Arm::Copy));
+        out.push(Target {
+            name: "context: decode tokens/s, mapped vs copy control (q8 store)".into(),
+            target: "(no target)".into(),
+            measured: ratio.map_or("not measured".into(), |r| {
+                format!(
+                    "{:+.1} % (per-round paired median; {:+.1} to {:+.1} %)",
+                    100.0 * (r.median - 1.0),
+                    100.0 * (r.min - 1.0),
+                    100.0 * (r.max - 1.0)
+                )
+            }),
+            met: None,
+        });
+    }
     out
 }
 
@@ -466,13 +526,15 @@ pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
             let _ = writeln!(m, "![{alt}]({dir}/{}-{file})\n", report.name);
         }
     };
-    if let Some(q) = &report.qwen {
+    for q in [&report.qwen, &report.qwen_q8].into_iter().flatten() {
         let w = q.weight_bytes as f64;
+        let fig = q.model.figure_prefix();
         let _ = writeln!(
             m,
-            "**Qwen2.5-Coder-0.5B-Instruct, f32 ({} of weights), CPU (Flex).** Warm page cache, {} rounds, one fresh process per arm per round, arm order rotated. \
+            "**Qwen2.5-Coder-0.5B-Instruct, {}: {} of weights, CPU (Flex).** Warm page cache, {} rounds, one fresh process per arm per round, arm order rotated. \
              Medians (min–max); ×load_file is load_file's time over the arm's in the same round (higher is faster). \
              First token: prompt of {} tokens; decode: {} further greedy tokens. Memory in MiB from `/proc/self/status`.\n",
+            q.model.label(),
             gib(w),
             report.settings.rounds,
             q.prompt_ids.len(),
@@ -502,8 +564,16 @@ pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
         if let Some(note) = lazy_load_file_note(&q.warm) {
             let _ = writeln!(m, "{note}\n");
         }
-        img(&mut m, "qwen-startup.svg", "Qwen2.5 start-up per arm");
-        img(&mut m, "qwen-memory.svg", "Qwen2.5 memory per arm");
+        img(
+            &mut m,
+            &format!("{fig}startup.svg"),
+            "Qwen2.5 start-up per arm",
+        );
+        img(
+            &mut m,
+            &format!("{fig}memory.svg"),
+            "Qwen2.5 memory per arm",
+        );
         if !q.cold.is_empty() {
             let res = Stats::of(q.cold.iter().map(|s| s.residency_before));
             let _ = writeln!(
@@ -559,7 +629,7 @@ pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
             m.push('\n');
             img(
                 &mut m,
-                "qwen-sharing.svg",
+                &format!("{fig}sharing.svg"),
                 "total PSS against process count",
             );
         }
@@ -608,7 +678,11 @@ pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
                     }
                 );
             }
-            img(&mut m, "qwen-evict.svg", "decode step time with eviction");
+            img(
+                &mut m,
+                &format!("{fig}evict.svg"),
+                "decode step time with eviction",
+            );
         }
     }
     if let Some(s) = &report.synthetic {
@@ -678,6 +752,15 @@ pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
         opt(id.share_tokens_identical),
         opt(id.synthetic_outputs_identical),
     );
+    if let Some(q8) = &id.qwen_q8 {
+        let _ = writeln!(
+            m,
+            "Identity on the q8 store (its arms against each other): tokens identical across arms and rounds: **{}**; logits bitwise identical: **{}**; sharing tokens identical: **{}**.\n",
+            opt(q8.tokens_identical),
+            opt(q8.logits_identical),
+            opt(q8.share_tokens_identical),
+        );
+    }
     m.push_str("| target (issue 6) | goal | measured | met |\n|---|---|---|---|\n");
     for t in &report.targets {
         let _ = writeln!(
@@ -728,5 +811,62 @@ fn opt(b: Option<bool>) -> &'static str {
         Some(true) => "yes",
         Some(false) => "NO",
         None => "not measured",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn committed() -> Report {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/cpu.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn results_written_before_q8_read_as_f32_only() {
+        let rep = committed();
+        assert_eq!(rep.qwen.as_ref().unwrap().model, QwenModel::F32);
+        assert!(rep.qwen_q8.is_none() && rep.identity.qwen_q8.is_none());
+        assert!(!markdown(&rep, None).contains("q8 store"));
+    }
+
+    #[test]
+    fn a_q8_store_gets_its_own_table_figures_and_identity_line() {
+        let mut rep = committed();
+        let mut q8 = rep.qwen.clone().unwrap();
+        q8.model = QwenModel::Q8;
+        for s in &mut q8.warm {
+            s.model_ready_ms *= 2.0;
+        }
+        rep.qwen_q8 = Some(q8);
+        rep.identity.qwen_q8 = Some(QwenIdentity {
+            tokens_identical: Some(true),
+            logits_identical: Some(false),
+            ..QwenIdentity::default()
+        });
+        let m = markdown(&rep, Some("img"));
+        let f32_at = m.find("Instruct, f32:").unwrap();
+        let q8_at = m.find("Instruct, q8 store").unwrap();
+        assert!(f32_at < q8_at);
+        assert!(
+            m.contains("img/cpu-qwen-startup.svg") && m.contains("img/cpu-qwen-q8-startup.svg")
+        );
+        assert!(m.contains("Identity on the q8 store"));
+        assert!(m.contains("logits bitwise identical: **NO**"));
+        // The q8 table carries the q8 samples (their model-ready doubled here), not f32's.
+        let first_mapped_row = |from: usize| {
+            m[from..]
+                .lines()
+                .find(|l| l.starts_with("| mapped store"))
+                .unwrap()
+        };
+        assert_ne!(first_mapped_row(f32_at), first_mapped_row(q8_at));
+        let targets = targets(&rep);
+        assert!(
+            targets
+                .iter()
+                .any(|t| t.name.contains("q8 store") && t.met.is_none())
+        );
     }
 }

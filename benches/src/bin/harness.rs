@@ -1,5 +1,5 @@
-//! Issue 6's benchmark harness: the Qwen2.5 checkpoint and a synthetic >= 4 GiB stack of
-//! linear layers, loaded five ways, each measurement in a fresh process.
+//! Issue 6's benchmark harness: the Qwen2.5 checkpoint (its f32 and q8 stores) and a synthetic
+//! >= 4 GiB stack of linear layers, loaded five ways, each measurement in a fresh process.
 //!
 //! ```text
 //! cargo run --release -p burn-mapped-benches --bin harness -- run            # everything, ~20 min
@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use burn_mapped_benches::child::{self, ChildSpec};
 use burn_mapped_benches::parent::{self, RunConfig};
+use burn_mapped_benches::qwen::QwenModel;
 use burn_mapped_benches::report::{self, Report};
 use clap::{Parser, Subcommand};
 
@@ -94,6 +95,9 @@ struct RunArgs {
     /// Skip the Qwen model (synthetic only).
     #[arg(long)]
     no_qwen: bool,
+    /// The Qwen stores to measure: f32, and q8 (projections int8 with f16 row scales).
+    #[arg(long, value_delimiter = ',', default_values_t = QwenModel::ALL.to_vec())]
+    models: Vec<QwenModel>,
     /// The fixed prompt.
     #[arg(long, default_value = DEFAULT_PROMPT)]
     prompt: String,
@@ -196,7 +200,8 @@ fn main() -> Result<()> {
                 synthetic_rounds: a.synthetic_rounds,
                 evict: !a.no_evict,
                 llama_cpp: !a.no_llama_cpp,
-                qwen: !a.no_qwen,
+                qwen: !a.no_qwen && !a.models.is_empty(),
+                models: a.models,
                 prompt: a.prompt,
                 chat: !a.raw,
                 cache_dir: a
