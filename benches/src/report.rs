@@ -300,12 +300,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
     out.push(Target {
         name: "time to model-ready vs `Module::load_file` (Qwen2.5, warm)".into(),
         target: "≥ 20× faster".into(),
-        measured: speedup.map_or("not measured".into(), |s| {
-            format!(
-                "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
-                s.median, s.min, s.max
-            )
-        }),
+        measured: times_text(speedup),
         met: speedup.map(|s| s.median >= 20.0),
     });
 
@@ -313,12 +308,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
     out.push(Target {
         name: "context: time to first token vs `Module::load_file` (Qwen2.5, warm)".into(),
         target: "(no target; the full cost of a lazy loader shows here)".into(),
-        measured: ttft.map_or("not measured".into(), |s| {
-            format!(
-                "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
-                s.median, s.min, s.max
-            )
-        }),
+        measured: times_text(ttft),
         met: None,
     });
 
@@ -427,12 +417,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
         out.push(Target {
             name: "context: time to model-ready vs `Module::load_file` (q8 store, warm)".into(),
             target: "(no target)".into(),
-            measured: speedup.map_or("not measured".into(), |s| {
-                format!(
-                    "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
-                    s.median, s.min, s.max
-                )
-            }),
+            measured: times_text(speedup),
             met: None,
         });
         let r = |arm| {
@@ -869,4 +854,14 @@ mod tests {
                 .any(|t| t.name.contains("q8 store") && t.met.is_none())
         );
     }
+}
+
+/// A paired ratio as the targets table prints it (`"not measured"` when absent).
+fn times_text(s: Option<Stats>) -> String {
+    s.map_or("not measured".into(), |s| {
+        format!(
+            "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
+            s.median, s.min, s.max
+        )
+    })
 }
