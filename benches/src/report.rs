@@ -799,6 +799,16 @@ fn opt(b: Option<bool>) -> &'static str {
     }
 }
 
+/// A paired ratio as the targets table prints it (`"not measured"` when absent).
+fn times_text(s: Option<Stats>) -> String {
+    s.map_or("not measured".into(), |s| {
+        format!(
+            "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
+            s.median, s.min, s.max
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -854,14 +864,4 @@ mod tests {
                 .any(|t| t.name.contains("q8 store") && t.met.is_none())
         );
     }
-}
-
-/// A paired ratio as the targets table prints it (`"not measured"` when absent).
-fn times_text(s: Option<Stats>) -> String {
-    s.map_or("not measured".into(), |s| {
-        format!(
-            "{:.2}× (per-round paired median; {:.2}–{:.2}×)",
-            s.median, s.min, s.max
-        )
-    })
 }
