@@ -11,6 +11,9 @@ Arms (weights resident on the GPU, activations random and never zero):
 
 - `read`: the int8 values viewed as int32 and summed per matrix (a PyTorch reduction): the
   read ceiling over the same bytes. Bytes: `out * in` per matrix.
+- `readf32`: the same bytes viewed as float32 and summed (the values are meaningless; PyTorch's
+  float reduction is its fastest read of a buffer, so this is the device's own read ceiling as
+  PyTorch reaches it). Bytes: `out * in` per matrix.
 - `fp16`: `F.linear(x, W)` with `x` fp16 `[T, in]` and `W` fp16 `[out, in]` (cuBLAS).
   Bytes: `2 * out * in`.
 - `int8pack`: `torch._weight_int8pack_mm(x, q, scales)` with `x` fp16 `[T, in]`, `q` int8
@@ -21,7 +24,7 @@ Arms (weights resident on the GPU, activations random and never zero):
 arm is checked on the first matrix against an fp32 product of the dequantized weights.
 
     python3 benches/python/gemv_torch.py [--matrices 12] [--out 12288] [--in 7168]
-        [--passes 30] [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,fp16,int8pack]
+        [--passes 30] [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,readf32,fp16,int8pack]
         [--json FILE]
 
 Needs PyTorch with CUDA; exits with status 2 and says so otherwise. `--self-check` runs the
@@ -35,7 +38,7 @@ import json
 import sys
 import time
 
-ARMS = ("read", "fp16", "int8pack")
+ARMS = ("read", "readf32", "fp16", "int8pack")
 
 
 def parse_args(argv=None):
@@ -68,7 +71,12 @@ def parse_args(argv=None):
 
 def arm_bytes(arm, out, inp):
     """Weight bytes one product of `arm` reads from one matrix."""
-    return {"read": out * inp, "fp16": 2 * out * inp, "int8pack": out * (inp + 2)}[arm]
+    return {
+        "read": out * inp,
+        "readf32": out * inp,
+        "fp16": 2 * out * inp,
+        "int8pack": out * (inp + 2),
+    }[arm]
 
 
 def summarize(arm, t, matrices, bytes_per_pass, times):
@@ -201,6 +209,19 @@ def main():
             measure("read", 0, one_pass)
 
         run_arm("read", read)
+
+    if "readf32" in a.arms:
+        floats = [q.view(torch.float32) for q in qs]
+
+        def readf32():
+            def one_pass():
+                sums = [f.sum() for f in floats]
+                sync()
+                del sums
+
+            measure("readf32", 0, one_pass)
+
+        run_arm("readf32", readf32)
 
     if "fp16" in a.arms:
         def fp16():

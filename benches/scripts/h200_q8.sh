@@ -14,35 +14,8 @@
 #
 #   bash benches/scripts/h200_q8.sh
 set -u
-out="${OUT:-$PWD/h200-out}"
-bin="${BIN:-$PWD/.devwork/bin}"
-mkdir -p "$out"
-log="$out/h200.log"
-: > "$log"
-
-if [ -d .gl ]; then
-  for f in .gl/*.deb; do dpkg -x "$f" /; done
-  ldconfig
-fi
-for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
-  if [ -f "$icd" ]; then export VK_DRIVER_FILES="$icd"; break; fi
-done
-export BURN_MAPPED_REQUIRE_GPU=1 RUST_BACKTRACE=1
-
-work=/tmp/bm-bin
-mkdir -p "$work"
-for f in "$bin"/*.xz; do
-  [ -e "$f" ] || continue
-  xz -dc "$f" > "$work/$(basename "$f" .xz)" && chmod +x "$work/$(basename "$f" .xz)"
-done
-
-section() { echo; echo "==== $* ($(date -u +%T))"; } >> "$log"
-run() { # name, command...
-  local name="$1"; shift
-  section "$name: $*"
-  "$@" >> "$log" 2>&1
-  echo "exit $?" >> "$log"
-}
+LOG_NAME=h200.log
+. "$(dirname "$0")/h200_env.sh"
 
 section machine
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv

@@ -19,7 +19,8 @@ mod q8_common;
 
 use burn::tensor::{DType, Device, DeviceType, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight, set_poison_outputs,
+    CubeTuning, Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight, set_cube_tuning,
+    set_poison_outputs,
 };
 use q8_common::{Rng, assert_close, reference, xor_words};
 
@@ -132,6 +133,70 @@ fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
                 let ctx = format!("{API} [{out}, {inp}] T={t} bias={}", bias.is_some());
                 assert_close(&got, &want, out, &ctx);
             }
+        }
+    }
+}
+
+/// Every launch shape is a correct kernel, not just the default: odd lane counts, row and
+/// unroll counts that leave remainders, one thread per cube. The shape is process-wide, so
+/// the other tests may run under any of these too (they must pass under every one).
+#[test]
+fn every_launch_shape_matches_the_f64_reference() {
+    let Some(device) = gpu() else { return };
+    /// Puts the default back however the test ends, for the tests that run after it.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            assert!(set_cube_tuning(CubeTuning::DEFAULT));
+        }
+    }
+    let _restore = Restore;
+    assert!(!set_cube_tuning(CubeTuning {
+        lanes: 4,
+        ..CubeTuning::DEFAULT
+    }));
+    assert!(!set_cube_tuning(CubeTuning {
+        lanes: 64,
+        groups: 8,
+        ..CubeTuning::DEFAULT
+    }));
+    assert!(!set_cube_tuning(CubeTuning {
+        unroll: 0,
+        ..CubeTuning::DEFAULT
+    }));
+    let mut rng = Rng::fresh();
+    let shapes = [(37, 52), (70, 96), (1, 4), (33, 1028)];
+    let weights: Vec<_> = shapes
+        .iter()
+        .map(|&(out, inp)| weight(&mut rng, out, inp, &device))
+        .collect();
+    for (lanes, groups, rows, unroll, read_unroll) in [
+        (8, 2, 3, 3, 3),
+        (8, 1, 1, 1, 1),
+        (16, 4, 2, 5, 7),
+        (64, 4, 1, 1, 2),
+        (32, 8, 4, 1, 1),
+    ] {
+        let tuning = CubeTuning {
+            lanes,
+            groups,
+            rows,
+            unroll,
+            read_unroll,
+        };
+        assert!(set_cube_tuning(tuning), "{tuning}");
+        for ((out, inp), (q, s, w)) in shapes.iter().copied().zip(&weights) {
+            for t in [1, 3, 8, 11] {
+                let x = rng.vec_nonzero(t * inp);
+                let b = rng.vec_nonzero(out);
+                let got = run(&x, w, Some(&b), t, &device);
+                let want = reference(&x, q, s, Some(&b), t, out, inp);
+                let ctx = format!("{API} {tuning} [{out}, {inp}] T={t}");
+                assert_close(&got, &want, out, &ctx);
+            }
+            let partials: Vec<u32> = read_weight(w).into_data().try_to_vec().unwrap();
+            let x = partials.iter().fold(0, |x, p| x ^ p);
+            assert_eq!(x, xor_words(q), "{API} {tuning} read [{out}, {inp}]");
         }
     }
 }

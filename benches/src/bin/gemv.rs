@@ -18,8 +18,15 @@
 //! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu|vulkan]
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
 //!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8] [--threads 0]
-//!     [--store DIR] [--json FILE]
+//!     [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...]
 //! ```
+//!
+//! Diagnostics beyond the protocol: arm `sync` times one sync with nothing queued (the floor
+//! under every pass); `--per-sync 1,10` adds read and q8 arms that queue several passes per
+//! sync (times per pass), which separates a fixed per-sync cost from the kernels' own; every
+//! arm also reports the host time spent enqueueing. `--tunings` (CubeCL devices) measures the
+//! read and q8 arms once per kernel launch shape `lanes.groups.rows.unroll.read_unroll`
+//! (see `burn_mapped::q8::CubeTuning`).
 //!
 //! The wgpu device (WGSL, or SPIR-V where wgpu settles on Vulkan and `vulkan` is built in)
 //! needs `--features wgpu`; the vulkan device (Burn's `vulkan` backend: wgpu pinned to
@@ -30,7 +37,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::quantization::QuantScheme;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
+use burn::tensor::{DType, Device, Tensor, TensorData, f16};
 use burn_mapped::MappedStore;
 use burn_mapped::q8::{
     Q8Rows, Q8Weight, cpu_kernel_name, cpu_threads, dequantize_rows, q8_linear, read_weight,
@@ -51,6 +58,8 @@ struct Args {
     threads: usize,
     store: Option<PathBuf>,
     json: Option<PathBuf>,
+    per_sync: Vec<usize>,
+    tunings: Vec<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -69,6 +78,8 @@ fn parse_args() -> Result<Args> {
         threads: 0,
         store: None,
         json: None,
+        per_sync: vec![1],
+        tunings: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,6 +101,13 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_>>()?
             }
             "--arms" => a.arms = value()?.split(',').map(String::from).collect(),
+            "--per-sync" => {
+                a.per_sync = value()?
+                    .split(',')
+                    .map(|s| s.parse().with_context(|| format!("--per-sync: `{s}`")))
+                    .collect::<Result<_>>()?
+            }
+            "--tunings" => a.tunings = value()?.split(',').map(String::from).collect(),
             "--store" => a.store = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
             "-h" | "--help" => {
@@ -111,6 +129,9 @@ fn parse_args() -> Result<Args> {
     }
     if a.t_sweep.contains(&0) {
         bail!("--t-sweep: T must be positive");
+    }
+    if a.per_sync.contains(&0) {
+        bail!("--per-sync: counts must be positive");
     }
     a.float_matrices = a.float_matrices.min(a.matrices);
     Ok(a)
@@ -144,6 +165,62 @@ fn describe(dev: &Device) -> String {
         return format!("{dev:?} `{}` {runtime}", id.name);
     }
     format!("{dev:?} {runtime}")
+}
+
+/// The q8 kernels' launch shapes to measure, as `lanes.groups.rows.unroll.read_unroll`:
+/// `--tunings` on a CubeCL device, else the one in use (`None` on the host).
+fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
+    #[cfg(feature = "wgpu")]
+    if matches!(dev.as_dispatch(), burn::backend::DispatchDevice::Cube(_)) {
+        if a.tunings.is_empty() {
+            let t = burn_mapped::q8::cube_tuning();
+            return Ok(vec![Some(format!(
+                "{}.{}.{}.{}.{}",
+                t.lanes, t.groups, t.rows, t.unroll, t.read_unroll
+            ))]);
+        }
+        for spec in &a.tunings {
+            parse_tuning(spec)?;
+        }
+        return Ok(a.tunings.iter().cloned().map(Some).collect());
+    }
+    let _ = dev;
+    if !a.tunings.is_empty() {
+        bail!("--tunings needs a CubeCL device (wgpu or vulkan)");
+    }
+    Ok(vec![None])
+}
+
+#[cfg(feature = "wgpu")]
+fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeTuning> {
+    let v = spec
+        .split('.')
+        .map(|s| s.parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .filter(|v| v.len() == 5)
+        .with_context(|| {
+            format!("--tunings: `{spec}` is not lanes.groups.rows.unroll.read_unroll")
+        })?;
+    Ok(burn_mapped::q8::CubeTuning {
+        lanes: v[0],
+        groups: v[1],
+        rows: v[2],
+        unroll: v[3],
+        read_unroll: v[4],
+    })
+}
+
+fn apply_tuning(spec: &str) -> Result<()> {
+    #[cfg(feature = "wgpu")]
+    {
+        if !burn_mapped::q8::set_cube_tuning(parse_tuning(spec)?) {
+            bail!("--tunings: `{spec}` is not a shape the kernels can run");
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "wgpu"))]
+    bail!("--tunings `{spec}` needs a CubeCL device")
 }
 
 struct Rng(u64);
@@ -225,32 +302,68 @@ struct ArmResult {
     gbps_median: f64,
     gbps_best: f64,
     gbps_worst: f64,
+    /// Median host time spent enqueueing a pass (before the sync).
+    enqueue_ms: f64,
+    /// Passes enqueued per sync (1 under the protocol; more in diagnostic arms, whose times
+    /// are per pass).
+    passes_per_sync: usize,
+    /// The GPU kernels' launch shape, for q8 and read arms on a CubeCL device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tuning: Option<String>,
 }
 
-/// Runs `warmup` discarded passes, then times `passes` passes one by one.
-fn measure(
+/// How one arm is timed: `per_sync` passes of `enqueue`, then one sync, timed as a unit
+/// and divided by `per_sync` (1 under the protocol).
+struct Timing<'a> {
+    per_sync: usize,
+    sync: &'a dyn Fn() -> Result<()>,
+    tuning: Option<String>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs `warmup` discarded passes, then times `passes` passes; `enqueue` queues one pass and
+/// returns what must stay alive until the sync.
+#[allow(clippy::too_many_arguments)]
+fn measure<K>(
     arm: &str,
     t: usize,
     matrices: usize,
     bytes: u64,
     a: &Args,
-    mut pass: impl FnMut() -> Result<()>,
+    timing: &Timing,
+    mut enqueue: impl FnMut() -> Result<K>,
 ) -> Result<ArmResult> {
-    for _ in 0..a.warmup {
-        pass()?;
-    }
-    let mut times = Vec::with_capacity(a.passes);
-    for _ in 0..a.passes {
+    let per = timing.per_sync.max(1);
+    let mut group = |enq: &mut Vec<f64>| -> Result<f64> {
         let start = Instant::now();
-        pass()?;
-        times.push(start.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    let median = if times.len() % 2 == 1 {
-        times[times.len() / 2]
-    } else {
-        (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
+        let mut keep = Vec::with_capacity(per);
+        for _ in 0..per {
+            keep.push(enqueue()?);
+        }
+        enq.push(start.elapsed().as_secs_f64() / per as f64);
+        (timing.sync)()?;
+        let took = start.elapsed().as_secs_f64() / per as f64;
+        drop(keep);
+        Ok(took)
     };
+    let mut enq = Vec::new();
+    for _ in 0..a.warmup.div_ceil(per) {
+        group(&mut enq)?;
+    }
+    enq.clear();
+    let mut times = (0..a.passes.div_ceil(per).max(1))
+        .map(|_| group(&mut enq))
+        .collect::<Result<Vec<f64>>>()?;
+    let med = median(&mut times);
     let (min, max) = (times[0], times[times.len() - 1]);
     let gbps = |s: f64| bytes as f64 / s / 1e9;
     let r = ArmResult {
@@ -258,17 +371,32 @@ fn measure(
         t,
         matrices,
         bytes_per_pass: bytes,
-        passes: a.passes,
-        median_ms: median * 1e3,
+        passes: times.len() * per,
+        median_ms: med * 1e3,
         min_ms: min * 1e3,
         max_ms: max * 1e3,
-        gbps_median: gbps(median),
+        gbps_median: gbps(med),
         gbps_best: gbps(min),
         gbps_worst: gbps(max),
+        enqueue_ms: median(&mut enq) * 1e3,
+        passes_per_sync: per,
+        tuning: timing.tuning.clone(),
     };
     eprintln!(
-        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2})",
-        r.arm, r.t, r.matrices, r.median_ms, r.gbps_median, r.gbps_best, r.gbps_worst
+        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2}) enqueue {:.3} ms, {} per sync{}",
+        r.arm,
+        r.t,
+        r.matrices,
+        r.median_ms,
+        r.gbps_median,
+        r.gbps_best,
+        r.gbps_worst,
+        r.enqueue_ms,
+        per,
+        r.tuning
+            .as_deref()
+            .map(|t| format!(", {t}"))
+            .unwrap_or_default()
     );
     Ok(r)
 }
@@ -313,7 +441,7 @@ fn matmul_arm(
     x: &Tensor<2>,
     bytes: u64,
     a: &Args,
-    sync: &dyn Fn() -> Result<()>,
+    timing: &Timing,
 ) -> Result<Option<ArmResult>> {
     let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = x.clone().matmul(ws[0].clone().transpose()).into_data();
@@ -321,14 +449,11 @@ fn matmul_arm(
     if probe.is_err() {
         return Ok(None);
     }
-    measure(arm, 1, ws.len(), bytes, a, || {
-        let ys: Vec<Tensor<2>> = ws
+    measure(arm, 1, ws.len(), bytes, a, timing, || {
+        Ok(ws
             .iter()
             .map(|w| x.clone().matmul(w.clone().transpose()))
-            .collect();
-        sync()?;
-        drop(ys);
-        Ok(())
+            .collect::<Vec<Tensor<2>>>())
     })
     .map(Some)
 }
@@ -368,26 +493,48 @@ fn main() -> Result<()> {
     let mut skipped = Vec::new();
     let mut check = None;
 
-    if a.arms.iter().any(|s| s == "read") {
-        arms.push(measure("read", 0, a.matrices, value_bytes, &a, || {
-            let partials: Vec<Tensor<1, Int>> = weights.iter().map(read_weight).collect();
-            sync()?;
-            drop(partials);
-            Ok(())
-        })?);
+    let timing = Timing {
+        per_sync: 1,
+        sync: &sync,
+        tuning: None,
+    };
+    if a.arms.iter().any(|s| s == "sync") {
+        // The fixed cost of one sync with nothing queued: the floor under every pass.
+        arms.push(measure("sync", 0, 0, 0, &a, &timing, || Ok(()))?);
     }
-    if a.arms.iter().any(|s| s == "q8") {
-        for &t in &a.t_sweep {
-            let x = random_x(&mut rng, t, a.inp, &dev);
-            arms.push(measure("q8", t, a.matrices, q8_bytes, &a, || {
-                let ys = weights
-                    .iter()
-                    .map(|w| q8_linear(x.clone(), w, None))
-                    .collect::<Result<Vec<_>, _>>()?;
-                sync()?;
-                drop(ys);
-                Ok(())
-            })?);
+    // Each tuning (GPU only) and each passes-per-sync count gets its own read and q8 arms.
+    for tuning in tunings(&a, &dev)? {
+        if let Some(spec) = &tuning {
+            apply_tuning(spec)?;
+        }
+        for &per_sync in &a.per_sync {
+            let timing = Timing {
+                per_sync,
+                sync: &sync,
+                tuning: tuning.clone(),
+            };
+            if a.arms.iter().any(|s| s == "read") {
+                arms.push(measure(
+                    "read",
+                    0,
+                    a.matrices,
+                    value_bytes,
+                    &a,
+                    &timing,
+                    || Ok(weights.iter().map(read_weight).collect::<Vec<_>>()),
+                )?);
+            }
+            if a.arms.iter().any(|s| s == "q8") {
+                for &t in &a.t_sweep {
+                    let x = random_x(&mut rng, t, a.inp, &dev);
+                    arms.push(measure("q8", t, a.matrices, q8_bytes, &a, &timing, || {
+                        Ok(weights
+                            .iter()
+                            .map(|w| q8_linear(x.clone(), w, None))
+                            .collect::<Result<Vec<_>, _>>()?)
+                    })?);
+                }
+            }
         }
     }
     for (arm, dtype, size) in [("f32", DType::F32, 4u64), ("f16", DType::F16, 2)] {
@@ -429,7 +576,7 @@ fn main() -> Result<()> {
             check = Some(err / scale);
         }
         let bytes = n as u64 * (a.out * a.inp) as u64 * size;
-        match matmul_arm(arm, &ws, &x, bytes, &a, &sync)? {
+        match matmul_arm(arm, &ws, &x, bytes, &a, &timing)? {
             Some(r) => arms.push(r),
             None => skipped.push(format!("{arm}: matmul panicked on this device")),
         }
@@ -446,7 +593,7 @@ fn main() -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         let x = random_x(&mut rng, 1, a.inp, &dev);
         let bytes = n as u64 * (a.out * a.inp) as u64;
-        match matmul_arm("burnq8", &ws, &x, bytes, &a, &sync)? {
+        match matmul_arm("burnq8", &ws, &x, bytes, &a, &timing)? {
             Some(r) => arms.push(r),
             None => skipped.push("burnq8: Burn's quantized matmul panicked on this device".into()),
         }
@@ -468,14 +615,14 @@ fn main() -> Result<()> {
         arms,
     };
     println!(
-        "| arm    | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) |"
+        "| arm    | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) | enqueue ms | per sync | tuning |"
     );
     println!(
-        "|--------|----|----------|---------|-----------|--------|--------|---------------|-------------|"
+        "|--------|----|----------|---------|-----------|--------|--------|---------------|-------------|------------|----------|--------|"
     );
     for r in &report.arms {
         println!(
-            "| {:<6} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} |",
+            "| {:<6} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} | {:>10.3} | {:>8} | {} |",
             r.arm,
             r.t,
             r.matrices,
@@ -484,7 +631,10 @@ fn main() -> Result<()> {
             r.min_ms,
             r.max_ms,
             r.gbps_median,
-            r.gbps_best
+            r.gbps_best,
+            r.enqueue_ms,
+            r.passes_per_sync,
+            r.tuning.as_deref().unwrap_or("-")
         );
     }
     println!(

@@ -9,13 +9,13 @@
 //! bound as words too (two per word) and decoded in the kernel, so no f16 shader support is
 //! needed; WebGPU binds buffers in multiples of 4 bytes, which covers an odd row count.
 //!
-//! Layout: a cube is `LANES x GROUPS` threads. Each group of `LANES` threads owns
-//! `ROWS_PER_THREAD` output rows; its lanes stride along those rows together, so each load
-//! instruction reads consecutive words of one row. Every lane keeps `ROWS_PER_THREAD x tile`
-//! f32 accumulators and reads each activation value once for all of its rows. A cube column
-//! (`CUBE_POS_Y`) handles one tile of at most [`TILE`] activation rows; `T > TILE` runs
-//! `ceil(T / TILE)` tiles in one dispatch, each a pass over the weights. The lanes' partial
-//! sums are added through shared memory at the end.
+//! Layout ([`CubeTuning`]): a cube is `lanes x groups` threads. Each group of `lanes` threads
+//! owns `rows` output rows; its lanes stride along those rows together, so each load
+//! instruction reads consecutive words of one row, and `unroll` strides are loaded before
+//! any arithmetic. Every lane keeps `rows x tile` f32 accumulators and reads each activation
+//! value once for all of its rows. A cube column (`CUBE_POS_Y`) handles one tile of at most
+//! [`TILE`] activation rows; `T > TILE` runs `ceil(T / TILE)` tiles in one dispatch, each a
+//! pass over the weights. The lanes' partial sums are added through shared memory at the end.
 //!
 //! The same word layout serves SPIR-V, which could bind bytes but need not (8-bit storage is
 //! an optional Vulkan feature). The kernel is launched on the activation tensor's client, so it
@@ -33,12 +33,76 @@ use super::ops::Q8Backend;
 
 /// Activation rows per pass over the weights.
 pub const TILE: usize = 8;
-/// Threads that share one output row.
-const LANES: usize = 32;
-/// Row groups per cube.
-const GROUPS: usize = 8;
-/// Output rows per thread.
-const ROWS_PER_THREAD: usize = 4;
+
+/// Launch shape of the CubeCL kernels. Every field is a compile-time constant of the kernel,
+/// so each distinct tuning compiles (once) its own shader; the benchmark sweeps them to pick
+/// [`CubeTuning::DEFAULT`] per the measured figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CubeTuning {
+    /// Threads that share one output row (they stride along it together); at least
+    /// [`TILE`].
+    pub lanes: usize,
+    /// Row groups per cube (`lanes * groups` threads per cube, at most 256).
+    pub groups: usize,
+    /// Output rows per thread (independent loads in flight per step).
+    pub rows: usize,
+    /// Strides along the row loaded before any arithmetic (more loads in flight).
+    pub unroll: usize,
+    /// Loads in flight per thread in the read-ceiling kernel.
+    pub read_unroll: usize,
+}
+
+impl CubeTuning {
+    /// The shape used unless [`set_cube_tuning`] says otherwise: the best T = 1 median of
+    /// two sweeps on an H200 (Vulkan, SPIR-V; `benches/results/h200/tune-*`), and within a
+    /// few percent of the best at T = 8.
+    pub const DEFAULT: CubeTuning = CubeTuning {
+        lanes: 32,
+        groups: 4,
+        rows: 4,
+        unroll: 2,
+        read_unroll: 2,
+    };
+
+    fn valid(&self) -> bool {
+        let small = |v: usize| (1..=16).contains(&v);
+        // The final reduction has lane `j` write activation row `j` of the tile.
+        self.lanes >= TILE
+            && self.groups >= 1
+            && self.lanes * self.groups <= 256
+            && small(self.rows)
+            && small(self.unroll)
+            && small(self.read_unroll)
+    }
+}
+
+impl std::fmt::Display for CubeTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "l{}g{}r{}u{}/ru{}",
+            self.lanes, self.groups, self.rows, self.unroll, self.read_unroll
+        )
+    }
+}
+
+static TUNING: std::sync::RwLock<CubeTuning> = std::sync::RwLock::new(CubeTuning::DEFAULT);
+
+/// Sets the launch shape of later q8 launches in this process; returns `false` (and
+/// changes nothing) for a shape the kernels cannot run: fewer than [`TILE`] lanes,
+/// `lanes * groups` over 256 threads, or `rows`, `unroll` or `read_unroll` outside 1..=16.
+pub fn set_cube_tuning(tuning: CubeTuning) -> bool {
+    if !tuning.valid() {
+        return false;
+    }
+    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = tuning;
+    true
+}
+
+/// The launch shape q8 launches use now.
+pub fn cube_tuning() -> CubeTuning {
+    *TUNING.read().unwrap_or_else(|e| e.into_inner())
+}
 
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
 #[cube]
@@ -59,6 +123,50 @@ fn f16_bits_to_f32(h: u32) -> f32 {
     mag
 }
 
+/// Adds one stride of `rows` weight vectors (`wv[first..first + rows]`, starting at
+/// activation vector `xi0` of each row) times the tile's activations into `acc`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn accumulate<N: Size>(
+    wv: &Array<Vector<u32, N>>,
+    first: usize,
+    x: &[Vector<f32, Const<4>>],
+    x_base: &Array<usize>,
+    xi0: usize,
+    acc: &mut Array<f32>,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+) {
+    #[unroll]
+    for v in 0..N::value() {
+        // Unpack four int8 per row: flipping the sign bits turns each byte into
+        // `value + 128` as an unsigned byte.
+        let mut wf = Array::<f32>::new(rows * 4);
+        #[unroll]
+        for r in 0..rows {
+            let word = wv[first + r].extract(v) ^ 0x8080_8080u32;
+            #[unroll]
+            for b in 0..4 {
+                wf[r * 4 + b] = f32::cast_from((word >> (8 * b as u32)) & 255u32) - 128.0;
+            }
+        }
+        let xi = xi0 + v;
+        #[unroll]
+        for j in 0..tile {
+            let xv = x[x_base[j] + xi];
+            #[unroll]
+            for r in 0..rows {
+                let mut a = acc[r * tile + j];
+                #[unroll]
+                for b in 0..4 {
+                    a += wf[r * 4 + b] * xv.extract(b);
+                }
+                acc[r * tile + j] = a;
+            }
+        }
+    }
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn q8_gemm_kernel<N: Size>(
@@ -74,6 +182,7 @@ fn q8_gemm_kernel<N: Size>(
     #[comptime] rows: usize,
     #[comptime] lanes: usize,
     #[comptime] groups: usize,
+    #[comptime] unroll: usize,
     #[comptime] has_bias: bool,
 ) {
     let lane = UNIT_POS_X as usize;
@@ -111,40 +220,40 @@ fn q8_gemm_kernel<N: Size>(
     }
 
     let mut k = lane;
+    // Main loop: `unroll` strides of every row are loaded before any arithmetic, so
+    // `rows * unroll` loads are in flight per thread.
+    while k + (unroll - 1) * lanes < words {
+        let mut wv = Array::<Vector<u32, N>>::new(rows * unroll);
+        #[unroll]
+        for u in 0..unroll {
+            #[unroll]
+            for r in 0..rows {
+                wv[u * rows + r] = w[row_base[r] + k + u * lanes];
+            }
+        }
+        #[unroll]
+        for u in 0..unroll {
+            accumulate::<N>(
+                &wv,
+                u * rows,
+                x,
+                &x_base,
+                (k + u * lanes) * n,
+                &mut acc,
+                tile,
+                rows,
+            );
+        }
+        k += unroll * lanes;
+    }
+    // The strides left over (fewer than `unroll`), one at a time.
     while k < words {
         let mut wv = Array::<Vector<u32, N>>::new(rows);
         #[unroll]
         for r in 0..rows {
             wv[r] = w[row_base[r] + k];
         }
-        #[unroll]
-        for v in 0..n {
-            // Unpack four int8 per row: flipping the sign bits turns each byte into
-            // `value + 128` as an unsigned byte.
-            let mut wf = Array::<f32>::new(rows * 4);
-            #[unroll]
-            for r in 0..rows {
-                let word = wv[r].extract(v) ^ 0x8080_8080u32;
-                #[unroll]
-                for b in 0..4 {
-                    wf[r * 4 + b] = f32::cast_from((word >> (8 * b as u32)) & 255u32) - 128.0;
-                }
-            }
-            let xi = k * n + v;
-            #[unroll]
-            for j in 0..tile {
-                let xv = x[x_base[j] + xi];
-                #[unroll]
-                for r in 0..rows {
-                    let mut a = acc[r * tile + j];
-                    #[unroll]
-                    for b in 0..4 {
-                        a += wf[r * 4 + b] * xv.extract(b);
-                    }
-                    acc[r * tile + j] = a;
-                }
-            }
-        }
+        accumulate::<N>(&wv, 0, x, &x_base, k * n, &mut acc, tile, rows);
         k += lanes;
     }
 
@@ -182,10 +291,28 @@ const READ_THREADS: usize = 256;
 
 /// XOR of all words; one result per cube, reduced through shared memory.
 #[cube(launch_unchecked)]
-fn read_kernel<N: Size>(w: &[Vector<u32, N>], partial: &mut [u32], len: usize) {
+fn read_kernel<N: Size>(
+    w: &[Vector<u32, N>],
+    partial: &mut [u32],
+    len: usize,
+    #[comptime] unroll: usize,
+) {
     let mut acc = Vector::<u32, N>::new(0u32);
     let stride = CUBE_COUNT_X as usize * READ_THREADS;
     let mut i = CUBE_POS_X as usize * READ_THREADS + UNIT_POS_X as usize;
+    // `unroll` independent loads per step, then the strides left over one at a time.
+    while i + (unroll - 1) * stride < len {
+        let mut v = Array::<Vector<u32, N>>::new(unroll);
+        #[unroll]
+        for u in 0..unroll {
+            v[u] = w[i + u * stride];
+        }
+        #[unroll]
+        for u in 0..unroll {
+            acc ^= v[u];
+        }
+        i += unroll * stride;
+    }
     while i < len {
         acc ^= w[i];
         i += stride;
@@ -241,21 +368,32 @@ fn read(values: &CubeTensor) -> CubeTensor {
     let words = bytes / 4;
     let n = if words.is_multiple_of(4) { 4 } else { 1 };
     let client = values.client.clone();
-    let out = client.create_from_slice(u32::as_bytes(&[0u32; READ_PARTIALS]));
-    if words > 0 {
-        // SAFETY: `values` holds `words / n` vectors of `n` u32 (the int8 bytes viewed as
-        // words); `out` holds READ_PARTIALS u32, one per cube. Reads are bounded by `len`.
-        unsafe {
-            read_kernel::launch_unchecked(
-                &client,
-                CubeCount::Static(READ_PARTIALS as u32, 1, 1),
-                CubeDim::new_1d(READ_THREADS as u32),
-                n,
-                BufferArg::from_raw_parts(values.handle.clone(), words / n),
-                BufferArg::from_raw_parts(out.clone(), READ_PARTIALS),
-                words / n,
-            );
-        }
+    if words == 0 {
+        let out = client.create_from_slice(u32::as_bytes(&[0u32; READ_PARTIALS]));
+        return CubeTensor::new_contiguous(
+            client,
+            values.device.clone(),
+            Shape::new([READ_PARTIALS]),
+            out,
+            DType::U32,
+        );
+    }
+    // Every cube writes its one partial, so the output needs no initial upload (an upload is
+    // a queue write, which makes the stream submit the work recorded so far).
+    let out = client.empty(READ_PARTIALS * size_of::<u32>());
+    // SAFETY: `values` holds `words / n` vectors of `n` u32 (the int8 bytes viewed as
+    // words); `out` holds READ_PARTIALS u32, one per cube. Reads are bounded by `len`.
+    unsafe {
+        read_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(READ_PARTIALS as u32, 1, 1),
+            CubeDim::new_1d(READ_THREADS as u32),
+            n,
+            BufferArg::from_raw_parts(values.handle.clone(), words / n),
+            BufferArg::from_raw_parts(out.clone(), READ_PARTIALS),
+            words / n,
+            cube_tuning().read_unroll,
+        );
     }
     CubeTensor::new_contiguous(
         client,
@@ -317,13 +455,14 @@ fn run(
     };
     let words = inp / (4 * n);
     let tile = t.min(TILE);
-    let rows_per_cube = GROUPS * ROWS_PER_THREAD;
+    let tuning = cube_tuning();
+    let rows_per_cube = tuning.groups * tuning.rows;
     let count = CubeCount::Static(
         out.div_ceil(rows_per_cube) as u32,
         t.div_ceil(tile) as u32,
         1,
     );
-    let dim = CubeDim::new_2d(LANES as u32, GROUPS as u32);
+    let dim = CubeDim::new_2d(tuning.lanes as u32, tuning.groups as u32);
     let bias_arg = bias.as_ref().unwrap_or(&scales);
     let bias_len = if bias.is_some() { out } else { 1 };
     // SAFETY: every length below is the number of elements of the stated type that the
@@ -347,9 +486,10 @@ fn run(
             out,
             words,
             tile,
-            ROWS_PER_THREAD,
-            LANES,
-            GROUPS,
+            tuning.rows,
+            tuning.lanes,
+            tuning.groups,
+            tuning.unroll,
             bias.is_some(),
         );
     }
