@@ -139,15 +139,18 @@ fn accumulate<N: Size>(
 ) {
     #[unroll]
     for v in 0..N::value() {
-        // Unpack four int8 per row: flipping the sign bits turns each byte into
-        // `value + 128` as an unsigned byte.
+        // Unpack four int8 per row without an int-to-float conversion (a quarter-rate
+        // instruction on common GPUs): flipping the sign bits turns each byte into
+        // `u = value + 128`, and the bits `0x4B00_0000 | u` are the f32 `2^23 + u`, so
+        // subtracting `2^23 + 128` leaves `value`, exactly.
         let mut wf = Array::<f32>::new(rows * 4);
         #[unroll]
         for r in 0..rows {
             let word = wv[first + r].extract(v) ^ 0x8080_8080u32;
             #[unroll]
             for b in 0..4 {
-                wf[r * 4 + b] = f32::cast_from((word >> (8 * b as u32)) & 255u32) - 128.0;
+                let bits = ((word >> (8 * b as u32)) & 255u32) | 0x4B00_0000u32;
+                wf[r * 4 + b] = f32::reinterpret(bits) - 8_388_736.0;
             }
         }
         let xi = xi0 + v;
