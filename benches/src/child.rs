@@ -19,6 +19,9 @@ pub struct Mem {
     pub file: u64,
     /// `VmHWM`: the peak resident set so far.
     pub peak: u64,
+    /// File pages mapped huge (`FilePmdMapped`); absent in results from before it was read.
+    #[serde(default)]
+    pub file_pmd: u64,
 }
 
 impl Mem {
@@ -28,6 +31,7 @@ impl Mem {
             anon: r.anon,
             file: r.file,
             peak: r.peak,
+            file_pmd: burn_mapped::memstat::file_pmd_mapped("self")?,
         })
     }
 }

@@ -358,7 +358,8 @@ pub fn targets(report: &Report) -> Vec<Target> {
     });
     out.push(Target {
         name: "decode tokens/s, mapped vs copy control".into(),
-        target: "within 2 %".into(),
+        // The target bounds what mapping costs; decoding faster than the copy is no miss.
+        target: "within 2 % (no more than 2 % slower)".into(),
         measured: ratio.map_or("not measured".into(), |r| {
             format!(
                 "{:+.1} % (per-round paired median; {:+.1} to {:+.1} %)",
@@ -367,7 +368,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
                 100.0 * (r.max - 1.0)
             )
         }),
-        met: ratio.map(|r| (r.median - 1.0).abs() <= 0.02),
+        met: ratio.map(|r| r.median >= 0.98),
     });
 
     let pack = find(&warm, Arm::PackMapped, |s| s.arm);

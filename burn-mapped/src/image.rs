@@ -8,11 +8,21 @@
 //!  '-- anonymous, PROT_READ ----------------' '-- MAP_SHARED | MAP_FIXED, PROT_READ each --'
 //! ```
 //!
-//! One address range is reserved, the header pages are filled and made read-only, and every
-//! tensor file is mapped over its slot with `MAP_FIXED`. Burnpack records each tensor as an
+//! One readable address range is reserved, the header pages are filled and made read-only, and
+//! every tensor file is mapped over its slot with `MAP_FIXED`. Burnpack records each tensor as an
 //! offset range from its data section; the offsets written here point at the slots, which
 //! start on 16 KiB boundaries (burnpack itself only promises 256). Burn's reader windows into
 //! the image without copying, so each recorded tensor's bytes are the file's page-cache pages.
+//!
+//! A tensor of at least one huge page ([`huge_page_size`], 2 MiB on x86-64) starts on a
+//! huge-page boundary of the address space, and its slot is advised `MADV_HUGEPAGE`: the kernel
+//! can then map the file's large page-cache folios with one TLB entry per 2 MiB instead of 512,
+//! as it does for a burnpack file mapped whole. (Measured on the Qwen2.5 f32 store: without
+//! this, decoding from the store's pages ran ~30 % slower than from the same weights in one
+//! mapped burnpack file, whose pages were PMD-mapped.) The gaps are reserved address space
+//! only: never touched, never resident. The advice shapes pages the kernel reads from disk
+//! and the writer's aligned 4 MiB writes shape pages it caches on write; pages some other
+//! reader brought in with `read()` stay small while they are cached, and map small.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -25,7 +35,7 @@ use burn::tensor::DType;
 use serde::Serialize;
 
 use crate::error::StoreError;
-use crate::layout::{ALIGNMENT, page_size};
+use crate::layout::{ALIGNMENT, huge_page_size, page_size};
 use crate::manifest::Manifest;
 use crate::map::open_checked;
 
@@ -77,20 +87,40 @@ fn round_up(n: u64) -> u64 {
     n.div_ceil(ALIGNMENT) * ALIGNMENT
 }
 
-/// Encodes the burnpack header and metadata for a data region starting at `data_start`.
-fn encode_header(manifest: &Manifest, data_start: u64) -> Vec<u8> {
+/// Where each tensor's slot starts in the image, and where the last one ends, for a data
+/// region starting at `data_start`: slots follow each other, and one of at least a huge page
+/// starts on a huge-page boundary.
+fn slots(manifest: &Manifest, data_start: u64) -> (Vec<u64>, u64) {
+    let huge = huge_page_size();
+    let mut cursor = data_start;
+    let offsets = manifest
+        .tensors()
+        .iter()
+        .map(|t| {
+            if t.padded_len() >= huge {
+                cursor = cursor.next_multiple_of(huge);
+            }
+            let start = cursor;
+            cursor += t.padded_len();
+            start
+        })
+        .collect();
+    (offsets, cursor)
+}
+
+/// Encodes the burnpack header and metadata for tensors at image offsets `slots`.
+fn encode_header(manifest: &Manifest, slots: &[u64]) -> Vec<u8> {
     // Burnpack offsets are relative to its data section, which follows the metadata at the
     // next 256-byte boundary; the metadata size depends on the offsets, so callers iterate.
     let mut metadata_len = 0usize;
     loop {
         let section = aligned_data_section_start(metadata_len) as u64;
-        let mut cursor = data_start;
         let tensors = manifest
             .tensors()
             .iter()
-            .map(|t| {
-                let start = cursor - section;
-                cursor += t.padded_len();
+            .zip(slots)
+            .map(|(t, &slot)| {
+                let start = slot - section;
                 let descriptor = PackDescriptor {
                     dtype: t.dtype(),
                     shape: t.shape().iter().map(|&d| d as u64).collect(),
@@ -127,50 +157,55 @@ pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, Store
         .iter()
         .map(|entry| open_checked(dir, entry).map(|(file, _)| file))
         .collect::<Result<Vec<_>, _>>()?;
-    let (header, data_start, total) = settle(manifest)?;
+    let layout = settle(manifest)?;
 
-    let base = reserve(total)?;
+    let base = reserve(layout.total, huge_page_size() as usize)?;
     let mut image = Image {
         base,
-        len: total,
+        len: layout.total,
         _files: Vec::new(),
     };
-    write_header(&image, &header, data_start as usize)?;
-    let mut offset = data_start as usize;
-    for (entry, file) in manifest.tensors().iter().zip(&files) {
+    write_header(&image, &layout.header, layout.data_start as usize)?;
+    for ((entry, file), &slot) in manifest.tensors().iter().zip(&files).zip(&layout.slots) {
         let len = entry.padded_len() as usize;
         if len > 0 {
-            map_fixed(&image, offset, len, file, entry.name())?;
+            map_fixed(&image, slot as usize, len, file, entry.name())?;
         }
-        offset += len;
     }
     image._files = files;
     Ok(Arc::new(image))
 }
 
-/// The header bytes, where the data starts, and the image's total length.
-fn settle(manifest: &Manifest) -> Result<(Vec<u8>, u64, usize), StoreError> {
+/// The image's header and geometry.
+struct Layout {
+    header: Vec<u8>,
+    data_start: u64,
+    slots: Vec<u64>,
+    total: usize,
+}
+
+/// Settles the header, where the data starts and where each slot lies.
+fn settle(manifest: &Manifest) -> Result<Layout, StoreError> {
     // The header size depends on where data starts, and vice versa; settle both.
     let mut data_start = ALIGNMENT;
-    let header = loop {
-        let header = encode_header(manifest, data_start);
+    loop {
+        let (slots, end) = slots(manifest, data_start);
+        let header = encode_header(manifest, &slots);
         let needed = round_up(header.len() as u64);
         if needed <= data_start {
-            break header;
+            let total = usize::try_from(end).map_err(|_| StoreError::Map {
+                what: "image".into(),
+                source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "image exceeds usize"),
+            })?;
+            return Ok(Layout {
+                header,
+                data_start,
+                slots,
+                total,
+            });
         }
         data_start = needed;
-    };
-    let total = data_start
-        + manifest
-            .tensors()
-            .iter()
-            .map(|t| t.padded_len())
-            .sum::<u64>();
-    let total = usize::try_from(total).map_err(|_| StoreError::Map {
-        what: "image".into(),
-        source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "image exceeds usize"),
-    })?;
-    Ok((header, data_start, total))
+    }
 }
 
 /// The same image as [`build`], read into one anonymous buffer instead of mapped: the copy
@@ -182,33 +217,35 @@ pub(crate) fn read_owned(dir: &Path, manifest: &Manifest) -> Result<Vec<u8>, Sto
         .iter()
         .map(|entry| open_checked(dir, entry))
         .collect::<Result<Vec<_>, _>>()?;
-    let (header, data_start, total) = settle(manifest)?;
-    let mut image = vec![0u8; total];
-    image[..header.len()].copy_from_slice(&header);
-    let mut offset = data_start as usize;
-    for (entry, (mut file, path)) in manifest.tensors().iter().zip(files) {
-        let len = entry.padded_len() as usize;
-        file.read_exact(&mut image[offset..offset + len])
+    let layout = settle(manifest)?;
+    let mut image = vec![0u8; layout.total];
+    image[..layout.header.len()].copy_from_slice(&layout.header);
+    for ((entry, (mut file, path)), &slot) in
+        manifest.tensors().iter().zip(files).zip(&layout.slots)
+    {
+        let (start, len) = (slot as usize, entry.padded_len() as usize);
+        file.read_exact(&mut image[start..start + len])
             .map_err(|source| StoreError::Io {
                 tensor: entry.name().to_string(),
                 file: path,
                 source,
             })?;
-        offset += len;
     }
     Ok(image)
 }
 
-/// Reserves `len` bytes of address space aligned to [`ALIGNMENT`], inaccessible until mapped.
-fn reserve(len: usize) -> Result<*mut u8, StoreError> {
-    let align = ALIGNMENT as usize;
+/// Reserves `len` bytes of address space aligned to `align` (a power of two, at least a page).
+/// The reservation is readable: the image is handed out as one `&[u8]`, so the gaps between
+/// huge-page-aligned slots must be valid memory too; they read as zeros (the shared zero page,
+/// never resident as anonymous memory) and nothing reads them.
+fn reserve(len: usize, align: usize) -> Result<*mut u8, StoreError> {
     let over = len + align;
-    // SAFETY: an anonymous PROT_NONE reservation touches no existing memory.
+    // SAFETY: an anonymous read-only reservation touches no existing memory.
     let raw = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             over,
-            libc::PROT_NONE,
+            libc::PROT_READ,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
@@ -271,7 +308,7 @@ fn map_fixed(
     tensor: &str,
 ) -> Result<(), StoreError> {
     // SAFETY: the target range lies inside the image's reservation (offset + len <= image.len
-    // by construction), so MAP_FIXED replaces only our own PROT_NONE pages. The file is at
+    // by construction), so MAP_FIXED replaces only our own reserved pages. The file is at
     // least `len` bytes long (checked by `open_checked`), so no page of the mapping lies past
     // end of file.
     let p = unsafe {
@@ -289,6 +326,14 @@ fn map_fixed(
             what: format!("tensor `{tensor}`"),
             source: std::io::Error::last_os_error(),
         });
+    }
+    #[cfg(target_os = "linux")]
+    if len as u64 >= huge_page_size() {
+        // A hint, so its failure (a kernel without transparent huge pages) is not an error:
+        // pages faulted in from disk come as huge folios where the kernel can, and cached huge
+        // folios are mapped with one entry each.
+        // SAFETY: madvise on a range this image owns changes no contents.
+        unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
     }
     Ok(())
 }

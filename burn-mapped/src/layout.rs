@@ -25,6 +25,25 @@ pub fn page_size() -> usize {
     usize::try_from(size).unwrap_or(4096)
 }
 
+/// The size of a huge (PMD-level) page: the unit in which the kernel can map a large page-cache
+/// folio with one TLB entry.
+///
+/// On Linux with transparent huge pages this is
+/// `/sys/kernel/mm/transparent_hugepage/hpage_pmd_size` (2 MiB on x86-64 and on arm64 with
+/// 4 KiB pages); elsewhere, or if that file is unreadable or implausible, 2 MiB. Large tensors
+/// are placed at multiples of it in a mapped image so that their file pages can be mapped huge:
+/// a PMD mapping needs the virtual address and the file offset congruent modulo this size.
+pub fn huge_page_size() -> u64 {
+    static SIZE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|&n| n.is_power_of_two() && (ALIGNMENT..=1 << 30).contains(&n))
+            .unwrap_or(2 << 20)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +55,11 @@ mod tests {
         assert_eq!(padded_len(ALIGNMENT), Some(ALIGNMENT));
         assert_eq!(padded_len(ALIGNMENT + 1), Some(2 * ALIGNMENT));
         assert_eq!(padded_len(u64::MAX), None);
+    }
+
+    #[test]
+    fn the_huge_page_size_is_a_power_of_two_multiple_of_the_alignment() {
+        let h = huge_page_size();
+        assert!(h.is_power_of_two() && h.is_multiple_of(ALIGNMENT), "{h}");
     }
 }

@@ -94,7 +94,7 @@ mod writer;
 pub use device::DevicePlacement;
 pub use dtype::{dtype_name, parse_dtype};
 pub use error::{ExpectedLen, StoreError};
-pub use layout::{ALIGNMENT, padded_len, page_size};
+pub use layout::{ALIGNMENT, huge_page_size, padded_len, page_size};
 pub use manifest::{
     FORMAT, FORMAT_VERSION, MANIFEST_FILE, MAX_FILE_NAME_BYTES, MAX_MANIFEST_BYTES, MAX_NAME_BYTES,
     MAX_RANK, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,

@@ -66,6 +66,12 @@ impl MappedFile {
                     source,
                 }
             })?;
+            #[cfg(target_os = "linux")]
+            if padded as u64 >= crate::layout::huge_page_size() {
+                // A hint (see `image`): lets the kernel map the file's large folios huge. The
+                // kernel places a mapping this large on a huge-page boundary itself.
+                let _ = map.advise(memmap2::Advice::HugePage);
+            }
             Some(map)
         };
         Ok(Self {

@@ -65,6 +65,18 @@ pub fn pss_of(pid: &str) -> io::Result<(u64, u64)> {
     Ok((kb("Pss:"), kb("Anonymous:")))
 }
 
+/// Bytes of file pages process `pid` maps with huge (PMD) entries (`FilePmdMapped` in
+/// `/proc/PID/smaps_rollup`): how much of a mapped store the TLB covers 2 MiB at a time.
+pub fn file_pmd_mapped(pid: &str) -> io::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("FilePmdMapped:"))
+        .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024)
+}
+
 /// One mapping of a file in a process, from `/proc/PID/smaps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileMapping {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -67,9 +67,58 @@ impl TensorSpec {
     }
 }
 
+/// Buffers a tensor file's bytes into whole chunks written at chunk-aligned offsets. The kernel
+/// sizes the page-cache folios of a written file by its writes, and only an aligned write of a
+/// huge page or more makes huge folios, which a mapping can then map with one TLB entry per
+/// huge page (see `image`); a new store is usually read straight from the page cache.
+struct ChunkWriter {
+    file: File,
+    buf: Vec<u8>,
+    chunk: usize,
+}
+
+impl ChunkWriter {
+    fn new(file: File) -> Self {
+        let chunk = crate::layout::huge_page_size().max(4 << 20) as usize;
+        Self {
+            file,
+            buf: Vec::new(),
+            chunk,
+        }
+    }
+
+    fn into_inner(mut self) -> io::Result<File> {
+        self.flush()?;
+        Ok(self.file)
+    }
+}
+
+impl Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(self.chunk);
+        }
+        let n = (self.chunk - self.buf.len()).min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == self.chunk {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        self.file.flush()
+    }
+}
+
 /// A streaming sink for one tensor's bytes: hashes and counts as it writes.
 pub struct TensorSink<'a> {
-    out: &'a mut BufWriter<File>,
+    out: &'a mut ChunkWriter,
     hasher: Xxh3Default,
     written: u64,
 }
@@ -158,7 +207,7 @@ impl StoreWriter {
         };
         let expected = spec.byte_len().unwrap_or(u64::MAX);
         let file = File::create_new(&path).map_err(io)?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let mut out = ChunkWriter::new(file);
         let mut sink = TensorSink {
             out: &mut out,
             hasher: Xxh3Default::new(),
@@ -175,7 +224,7 @@ impl StoreWriter {
         }
         let padding = padded_len(written).expect("length checked against the spec") - written;
         io::copy(&mut io::repeat(0).take(padding), &mut out).map_err(io)?;
-        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        let file = out.into_inner().map_err(io)?;
         file.sync_all().map_err(io)?;
         let entry = TensorEntry::new(
             spec.name,

@@ -129,3 +129,48 @@ fn rewriting_a_store_leaves_live_mappings_on_the_old_bytes() {
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert_eq!(leftovers.len(), 1, "no temporary directories left behind");
 }
+
+/// Tensors of a huge page or more start on huge-page boundaries of the record's image and are
+/// advised `MADV_HUGEPAGE`, so the kernel can map their page-cache folios huge; smaller ones
+/// are packed at the 16 KiB alignment between them.
+#[test]
+fn large_tensors_sit_on_huge_page_boundaries_of_the_image() {
+    use burn::tensor::DType;
+    use burn_mapped::{StoreWriter, TensorSpec, huge_page_size};
+    let huge = huge_page_size() as usize;
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    let mut writer = StoreWriter::create(&dir).unwrap();
+    // Sizes in f32 elements: small, 1.5 huge pages, small, exactly one huge page.
+    let sizes = [1000, huge * 3 / 8, 5000, huge / 4];
+    for (i, &n) in sizes.iter().enumerate() {
+        let bytes: Vec<u8> = (0..n * 4).map(|b| (b * 31 + i) as u8).collect();
+        let spec = TensorSpec::new(format!("t{i}"), DType::F32, vec![n]);
+        writer.add(spec, &bytes).unwrap();
+    }
+    let manifest = writer.finish().unwrap();
+    let record = MappedRecorder::default().load(&dir).unwrap();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    for (i, &n) in sizes.iter().enumerate() {
+        let file = dir.join(manifest.get(&format!("t{i}")).unwrap().file());
+        let ranges = mapped_ranges(&file);
+        assert_eq!(ranges.len(), 1, "t{i}: {ranges:x?}");
+        let start = ranges[0].start;
+        if n * 4 >= huge {
+            assert_eq!(start % huge, 0, "t{i} at {start:x} is not on a huge page");
+            // The VMA's flags show the advice (`hg`) where the kernel has huge pages at all.
+            if std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+                let vma = smaps
+                    .split_inclusive("VmFlags:")
+                    .skip_while(|s| !s.contains(&format!("{start:x}-")))
+                    .nth(1)
+                    .unwrap_or_default();
+                let flags = vma.lines().next().unwrap_or_default();
+                assert!(flags.split_whitespace().any(|f| f == "hg"), "t{i}: {flags}");
+            }
+        } else {
+            assert_eq!(start % burn_mapped::ALIGNMENT as usize, 0, "t{i}");
+        }
+    }
+    drop(record);
+}
