@@ -22,7 +22,7 @@ pub fn section(report: &Report, image_dir: &str, json_path: &str) -> String {
          ```sh\n{}\n```\n\n\
          The full default run (`cargo run --release -p burn-mapped-benches --bin harness -- run`: \
          5 warm and 3 cold rounds, 64 decode tokens, 1/2/4 sharing processes, the 4 GiB synthetic \
-         stack) should take about 20 minutes on a quiet 2-core machine (an estimate from per-child times, not yet timed quiet) and rewrites this section; \
+         stack) took 21 min 44 s on this 2-core machine with both Qwen stores (no build running; the phase loads below come from the harness's own processes) and rewrites this section; \
          `-- readme` regenerates it from the JSON, `-- llama` re-measures only the llama.cpp \
          reference. The load path's micro-benchmarks: `cargo bench -p burn-mapped-benches --bench \
          load_path`.\n\n{}\n{END}",

@@ -175,7 +175,10 @@ fn main() -> Result<()> {
         }
         Cmd::Readme { json, readme } => {
             let json = json.unwrap_or_else(default_json);
-            let rep = read_report(&json)?;
+            let mut rep = read_report(&json)?;
+            // Targets are derived from the samples: recompute them, so a corrected definition
+            // shows without measuring again.
+            rep.targets = burn_mapped_benches::report::targets(&rep);
             let dir = json
                 .parent()
                 .map(PathBuf::from)
