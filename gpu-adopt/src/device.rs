@@ -128,7 +128,17 @@ impl GpuDevice {
         host_import: bool,
     ) -> Result<Self, DeviceError> {
         let info = adapter.get_info();
-        let opened = vulkan::open(instance, adapter, host_import)?;
+        let mut opened = vulkan::open(instance, adapter, host_import)?;
+        if let Err(refused @ Unavailable::ProbeRefused(_)) = &opened.import {
+            // The device that tried is not trusted further: on the H200 (NVIDIA 580.159.04)
+            // the first buffer CubeCL reserved after the refused probe failed too. The device
+            // the resident placement gets is one that never enabled the extension.
+            let refused = refused.clone();
+            let (instance, adapter) = (opened.instance.clone(), opened.adapter.clone());
+            drop(opened);
+            opened = vulkan::open(instance, adapter, false)?;
+            opened.import = Err(refused);
+        }
         let max_binding = opened.device.limits().max_storage_buffer_binding_size;
         let wgpu = opened.device.clone();
         if let Some(reason) = opened
@@ -310,6 +320,55 @@ impl GpuDevice {
         }
     }
 
+    /// Tensor `name` of `store` copied into device memory (the resident placement, asked
+    /// for rather than fallen back to).
+    ///
+    /// # Errors
+    ///
+    /// As [`load_float`](Self::load_float).
+    pub fn copy_float<const D: usize>(
+        &self,
+        store: &MappedStore,
+        name: &str,
+    ) -> Result<Tensor<D>, AdoptError> {
+        let (_, shape, dtype) = lookup::<D>(store, name)?;
+        kind(name, dtype, true)?;
+        self.check_binding(name, store)?;
+        let data = store.tensor_data(name).map_err(Box::new)?;
+        debug_assert_eq!(data.shape().as_slice(), shape.as_slice());
+        Ok(Tensor::from_data(data, (&self.inner.device, dtype)))
+    }
+
+    /// As [`copy_float`](Self::copy_float), for an integer tensor.
+    ///
+    /// # Errors
+    ///
+    /// As [`load_float`](Self::load_float).
+    pub fn copy_int<const D: usize>(
+        &self,
+        store: &MappedStore,
+        name: &str,
+    ) -> Result<Tensor<D, Int>, AdoptError> {
+        let (_, _, dtype) = lookup::<D>(store, name)?;
+        kind(name, dtype, false)?;
+        self.check_binding(name, store)?;
+        let data = store.tensor_data(name).map_err(Box::new)?;
+        Ok(Tensor::from_data(data, (&self.inner.device, dtype)))
+    }
+
+    /// A tensor no kernel can bind is an error for a copy as much as for an adoption.
+    fn check_binding(&self, name: &str, store: &MappedStore) -> Result<(), AdoptError> {
+        let bytes = store.manifest().get(name).map_or(0, |e| e.len());
+        if bytes > self.inner.max_binding {
+            return Err(AdoptError::TooLargeForBinding {
+                tensor: name.to_string(),
+                bytes,
+                limit: self.inner.max_binding,
+            });
+        }
+        Ok(())
+    }
+
     fn fallback_reason(&self, err: &AdoptError) -> String {
         let reason = err.to_string();
         log::warn!("burn-mapped-gpu: {reason}; loading it resident (copied into device memory)");
@@ -375,7 +434,7 @@ impl GpuDevice {
         }
         let buffer = self.import(file)?;
         let memory = ManagedMemoryHandle::new().read_only();
-        let stream = burn_cubecl::cubecl::environment::stream::StreamId::current();
+        let stream = cubecl_environment::stream::StreamId::current();
         let registered = memory.clone();
         DeviceHandle::<Server>::new(self.inner.cube.to_id())
             .submit_blocking(move |server| {

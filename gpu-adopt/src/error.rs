@@ -46,6 +46,7 @@ pub enum Unavailable {
 impl fmt::Display for Unavailable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Disabled => f.write_str("the device was opened without host-memory import"),
             Self::NotAdvertised => {
                 f.write_str("the driver does not offer VK_EXT_external_memory_host")
             }

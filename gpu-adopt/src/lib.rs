@@ -19,6 +19,8 @@
 //! 4. The handle becomes a `CubeTensor` and, with Fusion, an initialized tensor of the fused
 //!    stream: matmul, the q8 GEMV and everything else read the file pages in place, ordered on
 //!    Burn's own stream.
+//! 5. [`GpuDevice::load_module`] does this for every parameter of a module by path (a Burn
+//!    module mapper), so a model built lazily on the device runs on its adopted store.
 //!
 //! # Limits
 //!
@@ -39,8 +41,10 @@
 
 mod device;
 mod error;
+mod module;
 mod primitive;
 mod vulkan;
 
 pub use device::{Backing, GpuDevice, Import, Placement};
 pub use error::{AdoptError, DeviceError, Unavailable};
+pub use module::ModuleReport;
