@@ -197,31 +197,21 @@ def main():
             print(f"gemv_torch: arm failed: {msg}", file=sys.stderr, flush=True)
             skipped.append(msg)
 
-    if "read" in a.arms:
-        words = [q.view(torch.int32) for q in qs]
+    # The two reads: the same bytes summed as int32 words and as float32 values.
+    for arm, view in (("read", torch.int32), ("readf32", torch.float32)):
+        if arm not in a.arms:
+            continue
+        views = [q.view(view) for q in qs]
 
-        def read():
+        def read(arm=arm, views=views):
             def one_pass():
-                sums = [w.sum() for w in words]
+                sums = [v.sum() for v in views]
                 sync()
                 del sums
 
-            measure("read", 0, one_pass)
+            measure(arm, 0, one_pass)
 
-        run_arm("read", read)
-
-    if "readf32" in a.arms:
-        floats = [q.view(torch.float32) for q in qs]
-
-        def readf32():
-            def one_pass():
-                sums = [f.sum() for f in floats]
-                sync()
-                del sums
-
-            measure("readf32", 0, one_pass)
-
-        run_arm("readf32", readf32)
+        run_arm(arm, read)
 
     if "fp16" in a.arms:
         def fp16():

@@ -54,27 +54,30 @@ pub fn rss_of(pid: &str) -> io::Result<Rss> {
 
 /// Proportional set size and anonymous bytes of process `pid` (`/proc/PID/smaps_rollup`).
 pub fn pss_of(pid: &str) -> io::Result<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
-    let kb = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    Ok((kb("Pss:"), kb("Anonymous:")))
+    let text = smaps_rollup(pid)?;
+    Ok((
+        rollup_bytes(&text, "Pss:"),
+        rollup_bytes(&text, "Anonymous:"),
+    ))
 }
 
 /// Bytes of file pages process `pid` maps with huge (PMD) entries (`FilePmdMapped` in
 /// `/proc/PID/smaps_rollup`): how much of a mapped store the TLB covers 2 MiB at a time.
 pub fn file_pmd_mapped(pid: &str) -> io::Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix("FilePmdMapped:"))
+    Ok(rollup_bytes(&smaps_rollup(pid)?, "FilePmdMapped:"))
+}
+
+fn smaps_rollup(pid: &str) -> io::Result<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+}
+
+/// The `kB` field `name` of an smaps_rollup text, in bytes (0 when absent).
+fn rollup_bytes(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
         .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap_or(0)
-        * 1024)
+        * 1024
 }
 
 /// One mapping of a file in a process, from `/proc/PID/smaps`.

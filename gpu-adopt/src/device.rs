@@ -285,9 +285,8 @@ impl GpuDevice {
             Ok(t) => Ok((t, Placement::Mapped)),
             Err(e) if e.resident_fallback() => {
                 let reason = self.fallback_reason(&e);
-                let data = store.tensor_data(name).map_err(Box::new)?;
                 Ok((
-                    Tensor::from_data(data, (&self.inner.device, dtype)),
+                    self.copy_float(store, name)?,
                     Placement::Resident { reason },
                 ))
             }
@@ -310,11 +309,7 @@ impl GpuDevice {
             Ok(t) => Ok((t, Placement::Mapped)),
             Err(e) if e.resident_fallback() => {
                 let reason = self.fallback_reason(&e);
-                let data = store.tensor_data(name).map_err(Box::new)?;
-                Ok((
-                    Tensor::from_data(data, (&self.inner.device, dtype)),
-                    Placement::Resident { reason },
-                ))
+                Ok((self.copy_int(store, name)?, Placement::Resident { reason }))
             }
             Err(e) => Err(e),
         }
@@ -331,11 +326,10 @@ impl GpuDevice {
         store: &MappedStore,
         name: &str,
     ) -> Result<Tensor<D>, AdoptError> {
-        let (_, shape, dtype) = lookup::<D>(store, name)?;
+        let (file, _, dtype) = lookup::<D>(store, name)?;
         kind(name, dtype, true)?;
-        self.check_binding(name, store)?;
+        self.check_binding(name, file.bytes().len() as u64)?;
         let data = store.tensor_data(name).map_err(Box::new)?;
-        debug_assert_eq!(data.shape().as_slice(), shape.as_slice());
         Ok(Tensor::from_data(data, (&self.inner.device, dtype)))
     }
 
@@ -349,16 +343,15 @@ impl GpuDevice {
         store: &MappedStore,
         name: &str,
     ) -> Result<Tensor<D, Int>, AdoptError> {
-        let (_, _, dtype) = lookup::<D>(store, name)?;
+        let (file, _, dtype) = lookup::<D>(store, name)?;
         kind(name, dtype, false)?;
-        self.check_binding(name, store)?;
+        self.check_binding(name, file.bytes().len() as u64)?;
         let data = store.tensor_data(name).map_err(Box::new)?;
         Ok(Tensor::from_data(data, (&self.inner.device, dtype)))
     }
 
     /// A tensor no kernel can bind is an error for a copy as much as for an adoption.
-    fn check_binding(&self, name: &str, store: &MappedStore) -> Result<(), AdoptError> {
-        let bytes = store.manifest().get(name).map_or(0, |e| e.len());
+    fn check_binding(&self, name: &str, bytes: u64) -> Result<(), AdoptError> {
         if bytes > self.inner.max_binding {
             return Err(AdoptError::TooLargeForBinding {
                 tensor: name.to_string(),
@@ -425,13 +418,7 @@ impl GpuDevice {
                 tensor: name.to_string(),
             });
         }
-        if bytes > self.inner.max_binding {
-            return Err(AdoptError::TooLargeForBinding {
-                tensor: name.to_string(),
-                bytes,
-                limit: self.inner.max_binding,
-            });
-        }
+        self.check_binding(name, bytes)?;
         let buffer = self.import(file)?;
         let memory = ManagedMemoryHandle::new().read_only();
         let stream = cubecl_environment::stream::StreamId::current();

@@ -94,19 +94,9 @@ fn parse_args() -> Result<Args> {
             "--passes" => a.passes = num(value()?)?,
             "--warmup" => a.warmup = num(value()?)?,
             "--threads" => a.threads = num(value()?)?,
-            "--t-sweep" => {
-                a.t_sweep = value()?
-                    .split(',')
-                    .map(|s| s.parse().with_context(|| format!("--t-sweep: `{s}`")))
-                    .collect::<Result<_>>()?
-            }
+            "--t-sweep" => a.t_sweep = usize_list(&flag, &value()?)?,
             "--arms" => a.arms = value()?.split(',').map(String::from).collect(),
-            "--per-sync" => {
-                a.per_sync = value()?
-                    .split(',')
-                    .map(|s| s.parse().with_context(|| format!("--per-sync: `{s}`")))
-                    .collect::<Result<_>>()?
-            }
+            "--per-sync" => a.per_sync = usize_list(&flag, &value()?)?,
             "--tunings" => a.tunings = value()?.split(',').map(String::from).collect(),
             "--store" => a.store = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
@@ -135,6 +125,14 @@ fn parse_args() -> Result<Args> {
     }
     a.float_matrices = a.float_matrices.min(a.matrices);
     Ok(a)
+}
+
+/// A comma-separated list of counts, the value of `flag`.
+fn usize_list(flag: &str, value: &str) -> Result<Vec<usize>> {
+    value
+        .split(',')
+        .map(|s| s.parse().with_context(|| format!("{flag}: `{s}`")))
+        .collect()
 }
 
 fn device(name: &str) -> Result<Device> {
