@@ -819,9 +819,17 @@ mod tests {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
+    /// A results file as written before the q8 store existed: no `qwen_q8` anywhere.
+    fn committed_without_q8() -> Report {
+        let mut v: serde_json::Value = serde_json::to_value(committed()).unwrap();
+        v.as_object_mut().unwrap().remove("qwen_q8");
+        v["identity"].as_object_mut().unwrap().remove("qwen_q8");
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn results_written_before_q8_read_as_f32_only() {
-        let rep = committed();
+        let rep = committed_without_q8();
         assert_eq!(rep.qwen.as_ref().unwrap().model, QwenModel::F32);
         assert!(rep.qwen_q8.is_none() && rep.identity.qwen_q8.is_none());
         assert!(!markdown(&rep, None).contains("q8 store"));
