@@ -1,6 +1,8 @@
 //! The q8 GEMV/GEMM on the host: int8 weights read in place from their (mapped) storage.
 //!
-//! Work is split by output rows across scoped threads; each thread walks its rows once and,
+//! Work is split by output rows into slabs run on rayon's global pool (persistent workers: a
+//! decode step issues ~170 of these products, and spawning threads for each cost more than the
+//! small ones take); each slab walks its rows once and,
 //! for every small block of rows, runs all activation tiles against it while those rows are
 //! still in cache, so any `T` costs one pass over the weights in DRAM. Activation rows are
 //! taken in tiles of at most [`TILE_T`]; a block of `R` rows times a tile of `TT` columns
@@ -19,22 +21,23 @@ use burn::tensor::f16;
 pub const TILE_T: usize = 4;
 /// Vector width, in f32 lanes, of the accumulators.
 const LANES: usize = 8;
-/// Smallest slab of weight bytes worth a thread of its own: below this, spawning costs more
-/// than the thread saves.
+/// Smallest slab of weight bytes worth a task of its own: below this, handing work to another
+/// worker costs more than it saves.
 const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
 
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
-/// Sets how many threads the host kernel uses; 0 (the default) means
-/// `std::thread::available_parallelism()`.
+/// Sets how many slabs the host kernel splits a large matrix into; 0 (the default) means one
+/// per worker of rayon's global pool. The slabs run on that pool, so more slabs than workers
+/// queue rather than oversubscribe the cores.
 pub fn set_cpu_threads(threads: usize) {
     THREADS.store(threads, Ordering::Relaxed);
 }
 
-/// How many threads the host kernel uses for a large matrix.
+/// How many slabs the host kernel splits a large matrix into.
 pub fn cpu_threads() -> usize {
     match THREADS.load(Ordering::Relaxed) {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => rayon::current_num_threads(),
         n => n,
     }
 }
@@ -113,7 +116,7 @@ fn gemm_split(args: Gemm<'_>, isa: Isa, threads: usize, min_bytes: usize) -> Vec
     // the transpose into `[t, out]` afterwards touches `t * out` floats, nothing next to the
     // `out * in` weight bytes.
     let mut yt = vec![f32::NAN; out * t];
-    std::thread::scope(|scope| {
+    rayon::scope(|scope| {
         let mut rest = yt.as_mut_slice();
         let mut row = 0;
         while row < out {
@@ -122,9 +125,9 @@ fn gemm_split(args: Gemm<'_>, isa: Isa, threads: usize, min_bytes: usize) -> Vec
             rest = tail;
             let start = row;
             if row + rows == out {
-                rows_into(args, isa, start, rows, mine); // the calling thread takes the last slab
+                rows_into(args, isa, start, rows, mine); // this worker takes the last slab
             } else {
-                scope.spawn(move || rows_into(args, isa, start, rows, mine));
+                scope.spawn(move |_| rows_into(args, isa, start, rows, mine));
             }
             row += rows;
         }
@@ -161,16 +164,13 @@ pub(crate) fn read_xor(bytes: &[u8], threads: usize) -> Vec<u32> {
         }
         x
     };
-    std::thread::scope(|scope| {
-        let mut parts = bytes.chunks(chunk);
-        let last = parts.next_back();
-        let handles: Vec<_> = parts.map(|p| scope.spawn(move || fold(p))).collect();
-        let mut out: Vec<u32> = Vec::with_capacity(handles.len() + 1);
-        let mine = last.map(fold);
-        out.extend(handles.into_iter().map(|h| h.join().expect("read thread")));
-        out.extend(mine);
-        out
-    })
+    let mut out = vec![0u32; bytes.len().div_ceil(chunk)];
+    rayon::scope(|scope| {
+        for (part, slot) in bytes.chunks(chunk).zip(out.iter_mut()) {
+            scope.spawn(move |_| *slot = fold(part));
+        }
+    });
+    out
 }
 
 /// `(R, TT)`: rows per block and activation columns per tile, with `R * TT` accumulators.
