@@ -37,7 +37,7 @@ use serde::Serialize;
 use crate::error::StoreError;
 use crate::layout::{ALIGNMENT, huge_page_size, page_size};
 use crate::manifest::Manifest;
-use crate::map::open_checked;
+use crate::map::open_all;
 
 // Field names and shapes follow burnpack's CBOR metadata (format version 1).
 #[derive(Serialize)]
@@ -108,38 +108,31 @@ fn slots(manifest: &Manifest, data_start: u64) -> (Vec<u64>, u64) {
     (offsets, cursor)
 }
 
-/// Encodes the burnpack header and metadata for tensors at image offsets `slots`.
-fn encode_header(manifest: &Manifest, slots: &[u64]) -> Vec<u8> {
-    // Burnpack offsets are relative to its data section, which follows the metadata at the
-    // next 256-byte boundary; the metadata size depends on the offsets, so callers iterate.
-    let mut metadata_len = 0usize;
-    loop {
-        let section = aligned_data_section_start(metadata_len) as u64;
-        let tensors = manifest
-            .tensors()
-            .iter()
-            .zip(slots)
-            .map(|(t, &slot)| {
-                let start = slot - section;
-                let descriptor = PackDescriptor {
-                    dtype: t.dtype(),
-                    shape: t.shape().iter().map(|&d| d as u64).collect(),
-                    data_offsets: (start, start + t.len()),
-                    param_id: t.param_id(),
-                };
-                (t.name().to_string(), descriptor)
-            })
-            .collect();
-        let mut cbor = Vec::new();
-        ciborium::ser::into_writer(&PackMetadata { tensors }, &mut cbor)
-            .expect("serializing into a Vec cannot fail");
-        if cbor.len() == metadata_len {
-            let mut out = Header::new(cbor.len() as u32).into_bytes().to_vec();
-            out.extend_from_slice(&cbor);
-            return out;
-        }
-        metadata_len = cbor.len();
-    }
+/// Encodes burnpack's CBOR metadata for tensors at image offsets `slots`, assuming the
+/// metadata is `metadata_len` bytes long: burnpack offsets are relative to its data section,
+/// which follows the metadata at the next 256-byte boundary, so the two depend on each other
+/// and [`settle`] iterates to a fixed point.
+fn encode_metadata(manifest: &Manifest, slots: &[u64], metadata_len: usize) -> Vec<u8> {
+    let section = aligned_data_section_start(metadata_len) as u64;
+    let tensors = manifest
+        .tensors()
+        .iter()
+        .zip(slots)
+        .map(|(t, &slot)| {
+            let start = slot - section;
+            let descriptor = PackDescriptor {
+                dtype: t.dtype(),
+                shape: t.shape().iter().map(|&d| d as u64).collect(),
+                data_offsets: (start, start + t.len()),
+                param_id: t.param_id(),
+            };
+            (t.name().to_string(), descriptor)
+        })
+        .collect();
+    let mut cbor = Vec::new();
+    ciborium::ser::into_writer(&PackMetadata { tensors }, &mut cbor)
+        .expect("serializing into a Vec cannot fail");
+    cbor
 }
 
 /// Maps every tensor file of the store at `dir` into one burnpack image.
@@ -152,11 +145,10 @@ pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, Store
         });
     }
     // Validate every file before reserving anything.
-    let files = manifest
-        .tensors()
-        .iter()
-        .map(|entry| open_checked(dir, entry).map(|(file, _)| file))
-        .collect::<Result<Vec<_>, _>>()?;
+    let files: Vec<File> = open_all(dir, manifest.tensors())?
+        .into_iter()
+        .map(|(file, _)| file)
+        .collect();
     let layout = settle(manifest)?;
 
     let base = reserve(layout.total, huge_page_size() as usize)?;
@@ -186,17 +178,28 @@ struct Layout {
 
 /// Settles the header, where the data starts and where each slot lies.
 fn settle(manifest: &Manifest) -> Result<Layout, StoreError> {
-    // The header size depends on where data starts, and vice versa; settle both.
-    let mut data_start = ALIGNMENT;
+    // Where data starts depends on the header's size, the header's content on where data
+    // (and burnpack's own data section) starts: iterate to a fixed point, usually on the
+    // second encoding. A longer header moves burnpack's section and so shortens the relative
+    // offsets; should one of them flip between two CBOR integer widths, the lengths would
+    // alternate, so every few passes the data moves one alignment step further out.
+    let (mut data_start, mut metadata_len, mut pass) = (ALIGNMENT, 0usize, 0u32);
     loop {
+        pass += 1;
+        if pass.is_multiple_of(4) {
+            data_start += ALIGNMENT;
+        }
         let (slots, end) = slots(manifest, data_start);
-        let header = encode_header(manifest, &slots);
-        let needed = round_up(header.len() as u64);
-        if needed <= data_start {
+        let cbor = encode_metadata(manifest, &slots, metadata_len);
+        let header_len = Header::new(cbor.len() as u32).into_bytes().len() + cbor.len();
+        let needed = round_up(header_len as u64);
+        if cbor.len() == metadata_len && needed <= data_start {
             let total = usize::try_from(end).map_err(|_| StoreError::Map {
                 what: "image".into(),
                 source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "image exceeds usize"),
             })?;
+            let mut header = Header::new(cbor.len() as u32).into_bytes().to_vec();
+            header.extend_from_slice(&cbor);
             return Ok(Layout {
                 header,
                 data_start,
@@ -204,7 +207,8 @@ fn settle(manifest: &Manifest) -> Result<Layout, StoreError> {
                 total,
             });
         }
-        data_start = needed;
+        metadata_len = cbor.len();
+        data_start = data_start.max(needed);
     }
 }
 
@@ -212,11 +216,7 @@ fn settle(manifest: &Manifest) -> Result<Layout, StoreError> {
 /// control of the benchmarks (same files, same record construction, owned storage).
 pub(crate) fn read_owned(dir: &Path, manifest: &Manifest) -> Result<Vec<u8>, StoreError> {
     use std::io::Read;
-    let files = manifest
-        .tensors()
-        .iter()
-        .map(|entry| open_checked(dir, entry))
-        .collect::<Result<Vec<_>, _>>()?;
+    let files = open_all(dir, manifest.tensors())?;
     let layout = settle(manifest)?;
     let mut image = vec![0u8; layout.total];
     image[..layout.header.len()].copy_from_slice(&layout.header);
@@ -309,7 +309,7 @@ fn map_fixed(
 ) -> Result<(), StoreError> {
     // SAFETY: the target range lies inside the image's reservation (offset + len <= image.len
     // by construction), so MAP_FIXED replaces only our own reserved pages. The file is at
-    // least `len` bytes long (checked by `open_checked`), so no page of the mapping lies past
+    // least `len` bytes long (checked by `open_all`), so no page of the mapping lies past
     // end of file.
     let p = unsafe {
         libc::mmap(

@@ -84,13 +84,12 @@ impl MappedStore {
     fn open_with(dir: &Path, options: OpenOptions) -> Result<Self, StoreError> {
         let manifest = Manifest::read(dir)?;
         // Check every file before mapping any, so a bad store fails whole and early.
-        for entry in manifest.tensors() {
-            drop(crate::map::open_checked(dir, entry)?);
-        }
+        let checked = crate::map::open_all(dir, manifest.tensors())?;
         let files = manifest
             .tensors()
             .iter()
-            .map(|entry| MappedFile::open(dir, entry).map(Arc::new))
+            .zip(checked)
+            .map(|(entry, (file, path))| MappedFile::map_checked(file, path, entry).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             dir: dir.to_path_buf(),
