@@ -460,7 +460,9 @@ impl GpuDevice {
             })?;
         let range = file.address_range();
         let len = range.len() as u64;
-        if range.start as u64 % import.alignment != 0 || len % import.alignment != 0 {
+        if !(range.start as u64).is_multiple_of(import.alignment)
+            || !len.is_multiple_of(import.alignment)
+        {
             return Err(AdoptError::Misaligned {
                 tensor: name.to_string(),
                 address: range.start,

@@ -185,7 +185,6 @@ fn a_mid_size_qwen2_decodes_adopted_without_anonymous_growth() {
         rope_theta: 10000.0,
         max_position_embeddings: 256,
         tie_word_embeddings: true,
-        ..Qwen2Config::from_hf_json(fixture().join("config.json")).unwrap()
     };
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
