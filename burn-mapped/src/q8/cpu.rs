@@ -222,6 +222,11 @@ fn block(
     let inp = args.inp;
     let w = |k: usize| &args.w[(o + k) * inp..(o + k + 1) * inp];
     let x = |j: usize| &args.x[(t0 + j) * inp..(t0 + j + 1) * inp];
+    // The rows the next block will read (fewer at the end of the matrix).
+    let next_block = |r: usize| {
+        let start = ((o + r) * inp).min(args.w.len());
+        &args.w[start..((o + 2 * r) * inp).min(args.w.len())]
+    };
     macro_rules! run {
         ($r:literal, $tt:literal) => {{
             let ws: [&[i8]; $r] = std::array::from_fn(w);
@@ -231,7 +236,7 @@ fn block(
                 // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` after checking that
                 // the CPU has AVX2 and FMA.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2::dot::<$r, $tt>(ws, xs) },
+                Isa::Avx2 => unsafe { avx2::dot::<$r, $tt>(ws, xs, next_block($r)) },
             };
             for k in 0..$r {
                 acc[k][..$tt].copy_from_slice(&res[k]);
@@ -286,7 +291,7 @@ fn run_one<const TT: usize>(
         Isa::Portable => dot_portable::<1, TT>(ws, xs),
         // SAFETY: `Isa::Avx2` is only produced after detecting AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::dot::<1, TT>(ws, xs) },
+        Isa::Avx2 => unsafe { avx2::dot::<1, TT>(ws, xs, &[]) },
     };
     acc[k][..TT].copy_from_slice(&res[0]);
 }
@@ -339,15 +344,19 @@ mod avx2 {
 
     use super::{LANES, hsum};
 
-    /// `R x TT` dot products with 256-bit FMA.
+    /// `R x TT` dot products with 256-bit FMA, prefetching `next` (the following block's
+    /// rows) at the pace this block is read: short rows make `R` short streams that the
+    /// hardware prefetcher does not ramp up for (Qwen's 896-wide rows ran at ~40 % of the read
+    /// ceiling without this, 7168-wide ones at ~98 %).
     ///
     /// # Safety
     ///
-    /// The CPU must support AVX2 and FMA. All slices must have the same length.
+    /// The CPU must support AVX2 and FMA. All slices of `w` and `x` must have the same length.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot<const R: usize, const TT: usize>(
         w: [&[i8]; R],
         x: [&[f32]; TT],
+        next: &[i8],
     ) -> [[f32; TT]; R] {
         let n = x.first().map_or(0, |x| x.len());
         for wk in &w {
@@ -360,6 +369,12 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); TT]; R];
         let mut i = 0;
         while i < full {
+            // Each step reads `8 * R` bytes of this block; fetch as many of the next.
+            if i * R < next.len() {
+                // SAFETY: the address lies inside `next`; a prefetch reads nothing into the
+                // program and cannot fault.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(i * R).cast()) };
+            }
             let mut wv = [_mm256_setzero_ps(); R];
             for k in 0..R {
                 // SAFETY: `i + 8 <= full <= n == w[k].len()`, so the 8 bytes read are in
