@@ -15,7 +15,7 @@ use burn_mapped::q8::is_projection_weight;
 use burn_mapped::{MANIFEST_FILE, MappedStore, Placement, Stager, StoreError, is_flex};
 
 use burn_mapped_models::qwen2::{
-    ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_gguf, hf_name,
+    ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_manifest, hf_name,
 };
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError};
 
@@ -223,21 +223,14 @@ pub fn convert<'a>(
 
 /// The model configuration recorded in a store converted from GGUF.
 pub fn config_from_store(store: &MappedStore) -> Result<Qwen2Config, QwenError> {
-    let manifest = store.manifest();
-    let meta = manifest.metadata();
-    let vocab = manifest
-        .get("model.embed_tokens.weight")
-        .map(|t| t.shape()[0])
-        .ok_or_else(|| StoreError::TensorNotFound {
+    if store.manifest().get("model.embed_tokens.weight").is_none() {
+        return Err(StoreError::TensorNotFound {
             tensor: "model.embed_tokens.weight".into(),
             dir: store.dir().to_path_buf(),
-        })?;
-    let has_head = manifest.get("lm_head.weight").is_some();
-    Ok(config_from_gguf(
-        |key| meta.get(&format!("gguf.{key}")).cloned(),
-        vocab,
-        has_head,
-    )?)
+        }
+        .into());
+    }
+    Ok(config_from_manifest(store.manifest())?)
 }
 
 /// Builds the tokenizer from a GGUF's embedded vocabulary.

@@ -84,6 +84,23 @@ pub fn config_from_gguf(
     Ok(config)
 }
 
+/// The configuration recorded in a store converted from GGUF: its `gguf.*` metadata, the
+/// rows of `model.embed_tokens.weight` and whether it holds a separate `lm_head.weight`.
+pub fn config_from_manifest(manifest: &burn_mapped::Manifest) -> Result<Qwen2Config, ConfigError> {
+    let vocab = manifest
+        .get("model.embed_tokens.weight")
+        .and_then(|t| t.shape().first().copied())
+        .ok_or(ConfigError::MissingField {
+            field: "model.embed_tokens.weight",
+        })?;
+    let meta = manifest.metadata();
+    config_from_gguf(
+        |key| meta.get(&format!("gguf.{key}")).cloned(),
+        vocab,
+        manifest.get("lm_head.weight").is_some(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

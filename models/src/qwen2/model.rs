@@ -15,6 +15,7 @@ use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
 use super::projection::{Projection, Q8Linear};
 use super::rope::RopeTables;
+use super::vocab::{VocabBlocks, VocabBlocksError};
 
 /// Qwen2 decoder with its language-model head.
 #[derive(Module, Debug)]
@@ -31,6 +32,10 @@ pub struct Qwen2Model {
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
     rope_theta: f64,
+    /// When set, the embedding and head read these blocks, and `embed_tokens` (and a separate
+    /// `lm_head`) are never read: see [`Qwen2ForCausalLM::with_vocab_blocks`].
+    #[module(skip)]
+    blocks: Option<VocabBlocks>,
 }
 
 /// One pre-norm transformer block.
@@ -206,6 +211,7 @@ impl Qwen2Config {
                 layers,
                 norm: norm(self.hidden_size),
                 rope_theta: self.rope_theta,
+                blocks: None,
             },
             lm_head: (!self.tie_word_embeddings).then(|| {
                 linear(
@@ -228,6 +234,23 @@ impl Qwen2ForCausalLM {
     /// Vocabulary size (rows of the embedding).
     pub fn vocab_size(&self) -> usize {
         self.model.embed_tokens.weight.lazy_shape().dims::<2>()[0]
+    }
+
+    /// This model with its embedding and LM head read from row blocks, for devices that
+    /// cannot bind a vocabulary-sized matrix whole. `model.embed_tokens.weight` (and
+    /// `lm_head`, when separate) are then never read: leave them lazy, and they stay
+    /// unallocated. The blocks are outside the module tree (not visited, recorded or moved by
+    /// `to_device`); they are already where they will be used.
+    ///
+    /// # Errors
+    ///
+    /// When the blocks do not cover the vocabulary exactly, have another hidden size, or give a
+    /// head where the model ties it to the embedding (or the reverse).
+    pub fn with_vocab_blocks(mut self, blocks: VocabBlocks) -> Result<Self, VocabBlocksError> {
+        let [vocab, hidden] = self.model.embed_tokens.weight.lazy_shape().dims::<2>();
+        blocks.check(vocab, hidden, self.lm_head.is_none())?;
+        self.model.blocks = Some(blocks);
+        Ok(self)
     }
 
     /// Logits `[batch, seq, vocab]` for every input position. `tokens` (`[batch, seq]`)
@@ -256,6 +279,12 @@ impl Qwen2ForCausalLM {
     }
 
     fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
+        if let Some(blocks) = &self.model.blocks {
+            let [batch, seq, hidden_size] = hidden.dims();
+            let logits = blocks.logits(hidden.reshape([batch * seq, hidden_size]));
+            let vocab = logits.dims()[1];
+            return logits.reshape([batch, seq, vocab]);
+        }
         match &self.lm_head {
             Some(head) => project(head, hidden),
             // `[vocab, hidden]` transposed is a view; no copy of the embedding.
@@ -280,12 +309,19 @@ impl Qwen2Model {
         tokens: Tensor<2, Int>,
         cache: &mut KvCache,
     ) -> Result<Tensor<3>, ForwardError> {
-        let [_, seq] = tokens.dims();
-        self.check_input(&tokens, cache)?;
+        let [batch, seq] = tokens.dims();
+        let ids = self.check_input(&tokens, cache)?;
         let start = cache.len();
         let device = tokens.device();
 
-        let mut x = self.embed_tokens.forward(tokens);
+        let mut x = match &self.blocks {
+            Some(blocks) => {
+                let rows = blocks.lookup(&ids, &device);
+                let hidden = rows.dims()[1];
+                rows.reshape([batch, seq, hidden])
+            }
+            None => self.embed_tokens.forward(tokens),
+        };
         let rope = RopeTables::new(
             self.rope_theta,
             self.layers[0].self_attn.head_dim,
@@ -303,7 +339,12 @@ impl Qwen2Model {
         Ok(self.norm.forward(x))
     }
 
-    fn check_input(&self, tokens: &Tensor<2, Int>, cache: &KvCache) -> Result<(), ForwardError> {
+    /// The token ids, row-major, once they are known to fit the cache and the vocabulary.
+    fn check_input(
+        &self,
+        tokens: &Tensor<2, Int>,
+        cache: &KvCache,
+    ) -> Result<Vec<i64>, ForwardError> {
         let [batch, seq] = tokens.dims();
         if batch == 0 || seq == 0 {
             return Err(ForwardError::EmptyInput { batch, seq });
@@ -346,7 +387,7 @@ impl Qwen2Model {
                 vocab_size,
             });
         }
-        Ok(())
+        Ok(ids)
     }
 }
 

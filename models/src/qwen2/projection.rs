@@ -101,6 +101,45 @@ pub enum Projection {
 }
 
 impl Projection {
+    /// A float projection over a store weight `[out, in]` as it lies (a transposed view is
+    /// what the matmul reads; no copy), without bias.
+    pub fn from_weight(weight: Tensor<2>) -> Self {
+        Projection::Float(Linear {
+            weight: Param::from_tensor(weight.transpose()),
+            bias: None,
+        })
+    }
+
+    /// A q8 projection over int8 values `[out, in]` and their f16 row scales `[out]`, without
+    /// bias.
+    pub fn from_q8(values: Tensor<2, Int>, scales: Tensor<1>) -> Self {
+        Projection::Q8(Q8Linear {
+            weight: Param::initialized(ParamId::new(), values),
+            weight_scale: Param::from_tensor(scales),
+            bias: None,
+        })
+    }
+
+    /// `(in, out)` features, from the weight's shape without initializing a lazy weight. A
+    /// lazy float weight is read in this model's `Col` layout (`[out, in]` until loaded).
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            Projection::Float(linear) => {
+                let [a, b] = linear.weight.lazy_shape().dims::<2>();
+                if linear.weight.is_initialized() {
+                    (a, b)
+                } else {
+                    (b, a)
+                }
+            }
+            Projection::Q8(q8) => {
+                let [out, inp] = q8.weight.lazy_shape().dims::<2>();
+                (inp, out)
+            }
+            Projection::PerUseCopy(inner, _) => inner.dims(),
+        }
+    }
+
     /// Applies the projection to the last dimension of `x`.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         match self {

@@ -1,0 +1,170 @@
+//! The vocabulary-sized matrices (embedding, LM head) held as consecutive row blocks.
+//!
+//! A GPU kernel binds each tensor it reads as one storage buffer, and drivers cap a binding's
+//! size: Mesa's lavapipe at 128 MiB, while Qwen2.5-0.5B's f32 embedding is 545 MB and even its
+//! int8 LM head is 136 MB. Split by vocabulary rows, each block binds on its own; the lookup
+//! gathers from the block holding each id and the head concatenates the blocks' logits, so the
+//! model computes the same values as with whole matrices.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use super::projection::Projection;
+
+/// Row blocks of the model's vocabulary matrices, in vocabulary order.
+#[derive(Debug, Clone)]
+pub struct VocabBlocks {
+    /// Rows of `model.embed_tokens.weight`: block `i` is `[rows_i, hidden]`.
+    pub embed: Vec<Tensor<2>>,
+    /// The LM head as projections onto consecutive vocabulary slices; `None` when the head is
+    /// tied to the embedding (its logits then come from the embedding blocks).
+    pub head: Option<Vec<Projection>>,
+}
+
+/// Why row blocks do not fit a model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VocabBlocksError {
+    #[error("no {what} blocks given")]
+    Empty { what: &'static str },
+    #[error("{what} block {index} is [{rows}, {width}], the model's hidden size is {hidden}")]
+    Width {
+        what: &'static str,
+        index: usize,
+        rows: usize,
+        width: usize,
+        hidden: usize,
+    },
+    #[error("the {what} blocks hold {rows} rows, the vocabulary has {vocab}")]
+    Rows {
+        what: &'static str,
+        rows: usize,
+        vocab: usize,
+    },
+    #[error("the model's LM head is {model}, the blocks give it {given}")]
+    Tying {
+        model: &'static str,
+        given: &'static str,
+    },
+}
+
+impl VocabBlocks {
+    /// Checks the blocks against a model's vocabulary and hidden size, and whether its head is
+    /// tied.
+    pub(crate) fn check(
+        &self,
+        vocab: usize,
+        hidden: usize,
+        tied: bool,
+    ) -> Result<(), VocabBlocksError> {
+        let kind = |tied: bool| if tied { "tied" } else { "separate" };
+        if tied != self.head.is_none() {
+            return Err(VocabBlocksError::Tying {
+                model: kind(tied),
+                given: kind(self.head.is_none()),
+            });
+        }
+        let embed = self.embed.iter().map(|b| {
+            let [rows, width] = b.dims();
+            (rows, width)
+        });
+        check_blocks("embedding", embed, vocab, hidden)?;
+        if let Some(head) = &self.head {
+            check_blocks(
+                "head",
+                head.iter().map(|p| {
+                    let (d_in, d_out) = p.dims();
+                    (d_out, d_in)
+                }),
+                vocab,
+                hidden,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Embeddings `[ids.len(), hidden]` of `ids` (already checked to be in the vocabulary):
+    /// one gather per block that holds any of them, then one reordering gather when more
+    /// than one block was involved.
+    pub(crate) fn lookup(&self, ids: &[i64], device: &Device) -> Tensor<2> {
+        let index = |v: Vec<i64>| {
+            let n = v.len();
+            Tensor::<1, Int>::from_data(TensorData::new(v, [n]), device)
+        };
+        let mut parts = Vec::new();
+        // `order[k]` is the input position of the k-th gathered row.
+        let mut order = Vec::with_capacity(ids.len());
+        let mut start = 0i64;
+        for block in &self.embed {
+            let end = start + block.dims()[0] as i64;
+            let local: Vec<i64> = ids
+                .iter()
+                .enumerate()
+                .filter(|&(_, &id)| (start..end).contains(&id))
+                .map(|(pos, &id)| {
+                    order.push(pos);
+                    id - start
+                })
+                .collect();
+            if !local.is_empty() {
+                parts.push(block.clone().select(0, index(local)));
+            }
+            start = end;
+        }
+        // Within a block the gather keeps input order, so one block needs no reordering.
+        if parts.len() == 1 {
+            return parts.remove(0);
+        }
+        let mut inverse = vec![0i64; order.len()];
+        for (k, &pos) in order.iter().enumerate() {
+            inverse[pos] = k as i64;
+        }
+        Tensor::cat(parts, 0).select(0, index(inverse))
+    }
+
+    /// Logits `[rows, vocab]` of `hidden` (`[rows, hidden]`): each block's slice, concatenated.
+    pub(crate) fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
+        let slices = match &self.head {
+            Some(head) => head.iter().map(|p| p.forward(hidden.clone())).collect(),
+            // `[rows, hidden]` transposed is a view; no copy of the block.
+            None => self
+                .embed
+                .iter()
+                .map(|b| burn::tensor::module::linear(hidden.clone(), b.clone().transpose(), None))
+                .collect(),
+        };
+        Tensor::cat(slices, 1)
+    }
+}
+
+fn check_blocks(
+    what: &'static str,
+    blocks: impl Iterator<Item = (usize, usize)>,
+    vocab: usize,
+    hidden: usize,
+) -> Result<(), VocabBlocksError> {
+    let mut total = 0;
+    let mut count = 0;
+    for (index, (rows, width)) in blocks.enumerate() {
+        if width != hidden {
+            return Err(VocabBlocksError::Width {
+                what,
+                index,
+                rows,
+                width,
+                hidden,
+            });
+        }
+        total += rows;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(VocabBlocksError::Empty { what });
+    }
+    if total != vocab {
+        return Err(VocabBlocksError::Rows {
+            what,
+            rows: total,
+            vocab,
+        });
+    }
+    Ok(())
+}
