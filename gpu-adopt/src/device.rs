@@ -64,7 +64,7 @@ struct Ledger {
 pub struct Import {
     /// The tensor's name.
     pub tensor: String,
-    /// The imported address range (the whole page-padded mapping).
+    /// The imported address range: the whole page-padded mapping, or a block of its rows.
     pub address: Range<usize>,
     /// The raw `VkBuffer` handle bound to the imported memory.
     pub vk_buffer: u64,
@@ -244,7 +244,7 @@ impl GpuDevice {
         dtype: DType,
     ) -> Result<Tensor<D>, AdoptError> {
         kind(file.tensor(), dtype, true)?;
-        let tensor = self.cube_tensor(file, Shape::new(shape), dtype)?;
+        let tensor = self.cube_tensor(file, 0..file.bytes().len(), Shape::new(shape), dtype)?;
         Ok(Tensor::from_primitive::<burn_cubecl::Cube>(
             primitive::float(tensor),
         ))
@@ -262,7 +262,7 @@ impl GpuDevice {
         dtype: DType,
     ) -> Result<Tensor<D, Int>, AdoptError> {
         kind(file.tensor(), dtype, false)?;
-        let tensor = self.cube_tensor(file, Shape::new(shape), dtype)?;
+        let tensor = self.cube_tensor(file, 0..file.bytes().len(), Shape::new(shape), dtype)?;
         Ok(Tensor::from_primitive::<burn_cubecl::Cube>(primitive::int(
             tensor,
         )))
@@ -351,7 +351,7 @@ impl GpuDevice {
     }
 
     /// A tensor no kernel can bind is an error for a copy as much as for an adoption.
-    fn check_binding(&self, name: &str, bytes: u64) -> Result<(), AdoptError> {
+    pub(crate) fn check_binding(&self, name: &str, bytes: u64) -> Result<(), AdoptError> {
         if bytes > self.inner.max_binding {
             return Err(AdoptError::TooLargeForBinding {
                 tensor: name.to_string(),
@@ -362,7 +362,7 @@ impl GpuDevice {
         Ok(())
     }
 
-    fn fallback_reason(&self, err: &AdoptError) -> String {
+    pub(crate) fn fallback_reason(&self, err: &AdoptError) -> String {
         let reason = err.to_string();
         log::warn!("burn-mapped-gpu: {reason}; loading it resident (copied into device memory)");
         reason
@@ -396,15 +396,17 @@ impl GpuDevice {
         backing(primitive::resolve(primitive, dtype))
     }
 
-    /// Imports `file`, registers the buffer with CubeCL and wraps it as a contiguous tensor.
-    fn cube_tensor(
+    /// Imports bytes `data` of `file` (all of them, or a block of rows), registers the buffer
+    /// with CubeCL and wraps it as a contiguous tensor.
+    pub(crate) fn cube_tensor(
         &self,
         file: &Arc<MappedFile>,
+        data: Range<usize>,
         shape: Shape,
         dtype: DType,
     ) -> Result<CubeTensor, AdoptError> {
         let name = file.tensor();
-        let bytes = file.bytes().len() as u64;
+        let bytes = data.len() as u64;
         let expected = shape.num_elements() as u64 * dtype.size() as u64;
         if expected != bytes {
             return Err(AdoptError::Shape {
@@ -419,7 +421,7 @@ impl GpuDevice {
             });
         }
         self.check_binding(name, bytes)?;
-        let buffer = self.import(file)?;
+        let buffer = self.import(file, data)?;
         let memory = ManagedMemoryHandle::new().read_only();
         let stream = cubecl_environment::stream::StreamId::current();
         let registered = memory.clone();
@@ -444,10 +446,15 @@ impl GpuDevice {
         ))
     }
 
-    /// Imports the whole page-padded mapping of `file` as a wgpu buffer that owns the import:
-    /// dropping the buffer (wgpu does so once no submitted work uses it) destroys the Vulkan
-    /// buffer, frees the imported memory and releases the mapping.
-    fn import(&self, file: &Arc<MappedFile>) -> Result<wgpu::Buffer, AdoptError> {
+    /// Imports the part of `file`'s mapping that holds bytes `data` as a wgpu buffer that owns
+    /// the import: dropping the buffer (wgpu does so once no submitted work uses it) destroys
+    /// the Vulkan buffer, frees the imported memory and releases its hold on the mapping. A
+    /// part that ends where the tensor ends runs on to the end of the page-padded mapping.
+    fn import(
+        &self,
+        file: &Arc<MappedFile>,
+        data: Range<usize>,
+    ) -> Result<wgpu::Buffer, AdoptError> {
         let name = file.tensor();
         let import = self
             .inner
@@ -458,7 +465,13 @@ impl GpuDevice {
                 adapter: self.inner.adapter.name.clone(),
                 reason: reason.clone(),
             })?;
-        let range = file.address_range();
+        let mapping = file.address_range();
+        let end = if data.end == file.bytes().len() {
+            mapping.end
+        } else {
+            mapping.start + data.end
+        };
+        let range = mapping.start + data.start..end;
         let len = range.len() as u64;
         if !(range.start as u64).is_multiple_of(import.alignment)
             || !len.is_multiple_of(import.alignment)
@@ -477,8 +490,8 @@ impl GpuDevice {
                 limit: import.max_allocation,
             });
         }
-        // SAFETY: the range is `file`'s mapping, aligned as checked above; the release callback
-        // below owns a reference to `file`, so the mapping outlives the imported memory.
+        // SAFETY: the range lies in `file`'s mapping, aligned as checked above; the release
+        // callback below owns a reference to `file`, so the mapping outlives the imported memory.
         let (buffer, memory) =
             unsafe { import.import(range.start as *const u8, len) }.map_err(|r| {
                 AdoptError::Refused {
@@ -549,7 +562,7 @@ fn backing(cube: CubeTensor) -> Result<Backing, String> {
 }
 
 /// The file, shape and dtype of tensor `name`, checking the rank.
-fn lookup<'a, const D: usize>(
+pub(crate) fn lookup<'a, const D: usize>(
     store: &'a MappedStore,
     name: &str,
 ) -> Result<(&'a Arc<MappedFile>, [usize; D], DType), AdoptError> {
@@ -569,7 +582,7 @@ fn lookup<'a, const D: usize>(
     Ok((file, shape, entry.dtype()))
 }
 
-fn kind(tensor: &str, dtype: DType, float: bool) -> Result<(), AdoptError> {
+pub(crate) fn kind(tensor: &str, dtype: DType, float: bool) -> Result<(), AdoptError> {
     let ok = if float {
         dtype.is_float()
     } else {

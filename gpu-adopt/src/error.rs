@@ -151,6 +151,23 @@ pub enum AdoptError {
         /// The tensor.
         tensor: String,
     },
+    /// A tensor's rows cannot be split into binding-sized blocks as asked.
+    #[error(
+        "tensor {tensor}: cannot split its {rows} rows of {row_bytes} bytes into blocks of \
+         {block} rows: {reason}"
+    )]
+    Blocks {
+        /// The tensor.
+        tensor: String,
+        /// Its rows (first dimension).
+        rows: usize,
+        /// Bytes per row.
+        row_bytes: u64,
+        /// The rows per block asked for.
+        block: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// CubeCL refused to register the imported buffer.
     #[error("tensor {tensor}: CubeCL refused the imported buffer: {reason}")]
     Register {

@@ -39,6 +39,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod blocks;
 mod device;
 mod error;
 mod module;

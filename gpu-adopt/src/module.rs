@@ -21,6 +21,8 @@ pub struct ModuleReport {
     pub mapped: Vec<String>,
     /// Parameters copied into device memory, with the reason.
     pub resident: Vec<(String, String)>,
+    /// Parameters left as they were, as asked ([`GpuDevice::load_module_except`]).
+    pub left: Vec<String>,
 }
 
 impl ModuleReport {
@@ -54,10 +56,29 @@ impl GpuDevice {
         store: &MappedStore,
         adopt: bool,
     ) -> Result<(M, ModuleReport), AdoptError> {
+        self.load_module_except(module, store, adopt, &[])
+    }
+
+    /// As [`load_module`](Self::load_module), leaving the parameters at the paths in `except`
+    /// as they are (still lazy, so never allocated): for tensors the caller loads otherwise,
+    /// such as a vocabulary matrix too large for one binding, loaded as row blocks with
+    /// [`load_float_rows`](Self::load_float_rows).
+    ///
+    /// # Errors
+    ///
+    /// As [`load_module`](Self::load_module).
+    pub fn load_module_except<M: Module>(
+        &self,
+        module: M,
+        store: &MappedStore,
+        adopt: bool,
+        except: &[&str],
+    ) -> Result<(M, ModuleReport), AdoptError> {
         let mut loader = Loader {
             gpu: self,
             store,
             adopt,
+            except,
             path: Vec::new(),
             report: ModuleReport::default(),
             error: None,
@@ -74,6 +95,7 @@ struct Loader<'a> {
     gpu: &'a GpuDevice,
     store: &'a MappedStore,
     adopt: bool,
+    except: &'a [&'a str],
     path: Vec<String>,
     report: ModuleReport,
     error: Option<AdoptError>,
@@ -105,6 +127,10 @@ impl Loader<'_> {
             return param;
         }
         let name = self.path.join(".");
+        if self.except.contains(&name.as_str()) {
+            self.report.left.push(name);
+            return param;
+        }
         match load(self.gpu, self.store, &name, self.adopt) {
             Ok((tensor, placement)) => {
                 self.record(name, placement);

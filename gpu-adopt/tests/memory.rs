@@ -8,20 +8,13 @@ mod common;
 
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_mapped::memstat::rss_self;
-use common::{f32_store, gpu, values};
+use common::{f32_store, importing, values};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
 #[test]
 fn a_mapped_weight_adds_no_anonymous_memory_and_a_resident_one_adds_its_size() {
-    let Some(gpu) = gpu() else { return };
-    if let Err(reason) = gpu.host_import() {
-        eprintln!(
-            "skipping: no host import on {}: {reason}",
-            gpu.adapter_name()
-        );
-        return;
-    }
+    let Some(gpu) = importing() else { return };
     let (k, n) = (2048, 8192); // 64 MiB of f32
     let size = (k * n * 4) as f64;
     let w = values(7, k * n);

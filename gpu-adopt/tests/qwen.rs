@@ -4,17 +4,19 @@
 //! shows the memory difference and both decode rates.
 
 mod common;
+#[allow(dead_code)]
+#[path = "../examples/qwen/load.rs"]
+mod load;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::store::{ModuleStore, SafetensorsStore};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use burn_mapped::memstat::rss_self;
 use burn_mapped::{MappedRecorder, MappedStore};
-use burn_mapped_gpu::GpuDevice;
-use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, argmax};
-use common::{digest_dir, gpu};
+use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, VocabBlocks};
+use common::{digest_dir, gpu, importing};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny_qwen2/tied")
@@ -27,59 +29,20 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn importing() -> Option<&'static GpuDevice> {
-    let gpu = gpu()?;
-    match gpu.host_import() {
-        Ok(()) => Some(gpu),
-        Err(reason) => {
-            eprintln!(
-                "skipping: no host import on {}: {reason}",
-                gpu.adapter_name()
-            );
-            None
-        }
-    }
+/// The tiny transformers fixture written as a store, and what transformers produced for it.
+struct Tiny {
+    _dir: tempfile::TempDir,
+    store_dir: PathBuf,
+    store: MappedStore,
+    config: Qwen2Config,
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    vocab: usize,
+    /// One row per prompt position, then one per decode step.
+    hf: Vec<f32>,
 }
 
-/// Greedy decoding: the prompt, then `steps` cached single-token steps. Returns the chosen
-/// tokens (first from the prefill), every logits row (prefill rows, then one per step) and
-/// the decode rate over the steps.
-fn greedy(
-    model: &Qwen2ForCausalLM,
-    prompt: &[u32],
-    steps: usize,
-    device: &Device,
-) -> (Vec<u32>, Vec<Vec<f32>>, f64) {
-    let tokens = |ids: &[u32]| {
-        Tensor::<2, Int>::from_data(
-            TensorData::new(ids.iter().map(|&t| i64::from(t)).collect(), [1, ids.len()]),
-            device,
-        )
-    };
-    let rows = |logits: Tensor<3>| -> Vec<Vec<f32>> {
-        let vocab = logits.dims()[2];
-        let flat = logits.into_data().try_to_vec::<f32>().unwrap();
-        flat.chunks(vocab).map(<[f32]>::to_vec).collect()
-    };
-    let mut cache = model.new_cache(1, prompt.len() + steps);
-    let mut all = rows(model.forward(tokens(prompt), &mut cache).unwrap());
-    let mut token = argmax(all.last().unwrap()).unwrap();
-    let mut chosen = vec![token];
-    let start = Instant::now();
-    for _ in 0..steps {
-        let row = rows(model.forward(tokens(&[token]), &mut cache).unwrap()).remove(0);
-        token = argmax(&row).unwrap();
-        chosen.push(token);
-        all.push(row);
-    }
-    let rate = steps as f64 / start.elapsed().as_secs_f64();
-    (chosen, all, rate)
-}
-
-#[test]
-fn tiny_qwen2_on_adopted_weights_matches_transformers_and_the_resident_placement() {
-    let _serial = serial();
-    let Some(gpu) = importing() else { return };
+fn tiny() -> Tiny {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     let config = Qwen2Config::from_hf_json(fixture().join("config.json")).unwrap();
@@ -92,9 +55,7 @@ fn tiny_qwen2_on_adopted_weights_matches_transformers_and_the_resident_placement
         "{applied:?}"
     );
     MappedRecorder::default().record(&host, &store_dir).unwrap();
-    let before = digest_dir(&store_dir);
     let store = MappedStore::open(&store_dir).unwrap();
-
     let reference: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture().join("reference.json")).unwrap()).unwrap();
     let ids = |k: &str| -> Vec<u32> {
@@ -105,63 +66,171 @@ fn tiny_qwen2_on_adopted_weights_matches_transformers_and_the_resident_placement
             .map(|v| v.as_u64().unwrap() as u32)
             .collect()
     };
-    let (prompt, generated) = (ids("prompt"), ids("generated"));
-    let vocab = reference["vocab_size"].as_u64().unwrap() as usize;
     let hf: Vec<f32> = std::fs::read(fixture().join("logits.f32"))
         .unwrap()
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
         .collect();
+    Tiny {
+        _dir: dir,
+        store_dir,
+        store,
+        config,
+        prompt: ids("prompt"),
+        generated: ids("generated"),
+        vocab: reference["vocab_size"].as_u64().unwrap() as usize,
+        hf,
+    }
+}
+
+impl Tiny {
+    /// Decodes the fixture prompt; asserts transformers' tokens and logits within 1e-4
+    /// (relative to each row's largest logit). Returns the logits rows.
+    fn decode_like_transformers(&self, model: &Qwen2ForCausalLM, what: &str) -> Vec<Vec<f32>> {
+        let gpu = gpu().unwrap();
+        let steps = self.generated.len() - 1;
+        let (tokens, rows, _) = load::greedy(model, &self.prompt, steps, gpu.device());
+        assert_eq!(
+            tokens, self.generated,
+            "{what}: greedy tokens differ from transformers"
+        );
+        let vocab = self.vocab;
+        let mut worst = 0f64;
+        for (i, row) in rows.iter().enumerate() {
+            let want = &self.hf[i * vocab..(i + 1) * vocab];
+            let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+            let err = row
+                .iter()
+                .zip(want)
+                .fold(0f64, |m, (g, w)| m.max(f64::from((g - w).abs())));
+            worst = worst.max(err / scale);
+        }
+        eprintln!("{what} vs transformers: worst relative logits error {worst:.2e}");
+        assert!(worst < 1e-4, "{what}: {worst}");
+        rows
+    }
+}
+
+#[test]
+fn tiny_qwen2_on_adopted_weights_matches_transformers_and_the_resident_placement() {
+    let _serial = serial();
+    let Some(gpu) = importing() else { return };
+    let t = tiny();
+    let (store, config) = (&t.store, &t.config);
+    let before = digest_dir(&t.store_dir);
 
     let (adopted, report) = gpu
-        .load_module(config.init(gpu.device()), &store, true)
+        .load_module(config.init(gpu.device()), store, true)
         .unwrap();
     assert!(report.resident.is_empty(), "{:?}", report.resident);
     assert_eq!(report.mapped.len(), store.manifest().tensors().len());
     // Identity: the embedding the model reads is the buffer imported from its file.
     let name = "model.embed_tokens.weight";
+    let weight = adopted.model.embed_tokens.weight.val();
+    let buffer = gpu.backing(&weight).unwrap().vk_buffer;
     let import = gpu
         .live_imports()
         .into_iter()
-        .find(|i| i.tensor == name)
-        .expect(name);
-    let weight = adopted.model.embed_tokens.weight.val();
-    assert_eq!(gpu.backing(&weight).unwrap().vk_buffer, import.vk_buffer);
+        .find(|i| i.vk_buffer == buffer)
+        .expect("the embedding is an import");
+    assert_eq!(import.tensor, name);
     assert_eq!(import.address, store.mapped(name).unwrap().address_range());
     drop(weight);
-
-    let steps = generated.len() - 1;
-    let (tokens_map, rows_map, _) = greedy(&adopted, &prompt, steps, gpu.device());
-    assert_eq!(
-        tokens_map, generated,
-        "adopted: greedy tokens differ from transformers"
-    );
-    let mut worst = 0f64;
-    for (i, row) in rows_map.iter().enumerate() {
-        let want = &hf[i * vocab..(i + 1) * vocab];
-        let scale = want.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-        let err = row
-            .iter()
-            .zip(want)
-            .fold(0f64, |m, (g, w)| m.max(f64::from((g - w).abs())));
-        worst = worst.max(err / scale);
-    }
-    eprintln!("adopted vs transformers: worst relative logits error {worst:.2e}");
-    assert!(worst < 1e-4, "{worst}");
+    let rows_map = t.decode_like_transformers(&adopted, "adopted");
 
     let (resident, report) = gpu
-        .load_module(config.init(gpu.device()), &store, false)
+        .load_module(config.init(gpu.device()), store, false)
         .unwrap();
     assert!(report.mapped.is_empty());
-    let (tokens_res, rows_res, _) = greedy(&resident, &prompt, steps, gpu.device());
-    assert_eq!(tokens_res, tokens_map);
+    let rows_res = t.decode_like_transformers(&resident, "resident");
     assert_eq!(
         rows_res, rows_map,
         "same kernels on the same bytes: bitwise equal"
     );
     drop((adopted, resident));
     gpu.cleanup();
-    assert_eq!(digest_dir(&store_dir), before, "store files unchanged");
+    assert_eq!(digest_dir(&t.store_dir), before, "store files unchanged");
+}
+
+/// The tiny fixture's (tied) embedding adopted as row blocks, each imported from its own part
+/// of the one file mapping: what the real checkpoint's 545 MB embedding needs on lavapipe, at
+/// a size checked against transformers. The lookup gathers from the blocks and the tied head
+/// multiplies by each block. Blocks off the import granularity load resident and say why; a
+/// zero block size is refused.
+#[test]
+fn tiny_qwen2_on_adopted_row_blocks_matches_transformers() {
+    let _serial = serial();
+    let Some(gpu) = importing() else { return };
+    let t = tiny();
+    let before = digest_dir(&t.store_dir);
+    let name = load::EMBED;
+    let entry = t.store.manifest().get(name).unwrap();
+    let row_bytes = (entry.len() / entry.shape()[0] as u64) as usize;
+    let align = gpu.import_alignment().unwrap() as usize;
+    // Three import pages per block: several blocks, the last one short.
+    let rows = 3 * align / row_bytes;
+    assert!(
+        rows > 0 && !t.vocab.is_multiple_of(rows) && t.vocab / rows >= 2,
+        "{rows}"
+    );
+
+    let (model, report) = gpu
+        .load_module_except(t.config.init(gpu.device()), &t.store, true, &[name])
+        .unwrap();
+    assert_eq!(report.left, [name]);
+    assert!(report.resident.is_empty(), "{:?}", report.resident);
+    let blocks = gpu
+        .load_float_rows::<2>(&t.store, name, rows, true)
+        .unwrap();
+    assert_eq!(blocks.len(), t.vocab.div_ceil(rows));
+    let mapping = t.store.mapped(name).unwrap().address_range();
+    let imports = gpu.live_imports();
+    for (k, (block, placement)) in blocks.iter().enumerate() {
+        assert_eq!(*placement, burn_mapped_gpu::Placement::Mapped, "block {k}");
+        let buffer = gpu.backing(block).unwrap().vk_buffer;
+        let import = imports
+            .iter()
+            .find(|i| i.vk_buffer == buffer)
+            .unwrap_or_else(|| panic!("block {k} is not an import"));
+        let start = mapping.start + k * rows * row_bytes;
+        let end = if k + 1 == blocks.len() {
+            mapping.end
+        } else {
+            start + rows * row_bytes
+        };
+        assert_eq!(
+            (&import.tensor[..], import.address.clone()),
+            (name, start..end)
+        );
+    }
+    let embed = blocks.into_iter().map(|(b, _)| b).collect();
+    let model = model
+        .with_vocab_blocks(VocabBlocks { embed, head: None })
+        .unwrap();
+    t.decode_like_transformers(&model, "adopted row blocks");
+    drop(model);
+
+    // Blocks of 100 rows: every block but the last ends off the import granularity, and
+    // every block but the first starts off it, so none can be imported.
+    assert!(!(100 * row_bytes).is_multiple_of(align));
+    let odd = gpu.load_float_rows::<2>(&t.store, name, 100, true).unwrap();
+    assert_eq!(odd.len(), 3);
+    for (k, (_, placement)) in odd.iter().enumerate() {
+        let burn_mapped_gpu::Placement::Resident { reason } = placement else {
+            panic!("block {k} of 100 rows adopted off the granularity");
+        };
+        assert!(reason.contains("granularity"), "{reason}");
+    }
+    let zero = gpu
+        .load_float_rows::<2>(&t.store, name, 0, true)
+        .unwrap_err();
+    assert!(
+        matches!(zero, burn_mapped_gpu::AdoptError::Blocks { block: 0, .. }),
+        "{zero}"
+    );
+    drop(odd);
+    gpu.cleanup();
+    assert_eq!(digest_dir(&t.store_dir), before, "store files unchanged");
 }
 
 /// A random Qwen2 of ~150 MiB (every tensor within lavapipe's 128 MiB binding limit, which the
@@ -207,7 +276,7 @@ fn a_mid_size_qwen2_decodes_adopted_without_anonymous_growth() {
             .unwrap();
         let ready = start.elapsed();
         let at_load = rss_self().unwrap().anon.saturating_sub(anon0);
-        let (got, _, rate) = greedy(&model, &prompt, steps, gpu.device());
+        let (got, _, rate) = load::greedy(&model, &prompt, steps, gpu.device());
         let at_decode = rss_self().unwrap().anon.saturating_sub(anon0);
         let (mapped, resident) = report.bytes(&store);
         eprintln!(

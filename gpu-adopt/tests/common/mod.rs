@@ -36,6 +36,22 @@ pub fn gpu() -> Option<&'static GpuDevice> {
     device.as_ref()
 }
 
+/// The shared device when it imports host memory, or `None` (skip, saying why) when there is
+/// no device or it cannot import.
+pub fn importing() -> Option<&'static GpuDevice> {
+    let gpu = gpu()?;
+    match gpu.host_import() {
+        Ok(()) => Some(gpu),
+        Err(reason) => {
+            eprintln!(
+                "skipping: no host import on {}: {reason}",
+                gpu.adapter_name()
+            );
+            None
+        }
+    }
+}
+
 /// Deterministic values in (-1, 1) (xorshift), different per seed.
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
