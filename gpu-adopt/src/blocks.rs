@@ -137,31 +137,24 @@ impl GpuDevice {
             shape: block_shape,
         } in parts
         {
-            let adopted = if adopt {
-                match self.cube_tensor(file, bytes.clone(), Shape::new(block_shape), dtype) {
-                    Ok(cube) => Some(Block::Adopted(Box::new(cube))),
-                    Err(e) if e.resident_fallback() => {
-                        let reason = self.fallback_reason(&e);
-                        out.push((
-                            copy(file, bytes, block_shape, dtype),
-                            Placement::Resident { reason },
-                        ));
-                        None
-                    }
-                    Err(e) => return Err(e),
-                }
-            } else {
-                out.push((
+            let adopted = adopt
+                .then(|| self.cube_tensor(file, bytes.clone(), Shape::new(block_shape), dtype));
+            out.push(match adopted {
+                Some(Ok(cube)) => (Block::Adopted(Box::new(cube)), Placement::Mapped),
+                Some(Err(e)) if e.resident_fallback() => (
+                    copy(file, bytes, block_shape, dtype),
+                    Placement::Resident {
+                        reason: self.fallback_reason(&e),
+                    },
+                ),
+                Some(Err(e)) => return Err(e),
+                None => (
                     copy(file, bytes, block_shape, dtype),
                     Placement::Resident {
                         reason: "resident placement requested".into(),
                     },
-                ));
-                None
-            };
-            if let Some(block) = adopted {
-                out.push((block, Placement::Mapped));
-            }
+                ),
+            });
         }
         Ok(out)
     }
