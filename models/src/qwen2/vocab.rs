@@ -11,13 +11,28 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use super::projection::Projection;
 
 /// Row blocks of the model's vocabulary matrices, in vocabulary order.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct VocabBlocks {
     /// Rows of `model.embed_tokens.weight`: block `i` is `[rows_i, hidden]`.
     pub embed: Vec<Tensor<2>>,
     /// The LM head as projections onto consecutive vocabulary slices; `None` when the head is
     /// tied to the embedding (its logits then come from the embedding blocks).
     pub head: Option<Vec<Projection>>,
+}
+
+/// Shapes only: a tensor's own `Debug` reads its values back from the device.
+impl std::fmt::Debug for VocabBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let embed: Vec<[usize; 2]> = self.embed.iter().map(Tensor::dims).collect();
+        let head: Option<Vec<(usize, usize)>> = self
+            .head
+            .as_ref()
+            .map(|h| h.iter().map(Projection::dims).collect());
+        f.debug_struct("VocabBlocks")
+            .field("embed", &embed)
+            .field("head", &head)
+            .finish()
+    }
 }
 
 /// Why row blocks do not fit a model.
