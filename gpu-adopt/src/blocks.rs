@@ -13,7 +13,7 @@ use burn::tensor::{DType, Int, Shape, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::{MappedFile, MappedStore};
 
-use crate::device::{GpuDevice, Placement, kind, lookup};
+use crate::device::{GpuDevice, Placement, entry, kind, lookup};
 use crate::error::AdoptError;
 use crate::primitive;
 
@@ -57,7 +57,7 @@ impl GpuDevice {
                     "one row exceeds the device's largest storage binding",
                 ));
             }
-            most = most.min(limit / row_bytes.max(1));
+            most = most.min(limit / row_bytes);
             step = lcm(step, align / gcd(row_bytes, align));
         }
         let rows = if most >= step {
@@ -167,12 +167,9 @@ impl GpuDevice {
         dtype: DType,
         rows: usize,
     ) -> Result<Vec<Part<D>>, AdoptError> {
-        let total = shape.first().copied().unwrap_or(0);
-        let row_bytes = shape.iter().skip(1).product::<usize>() * dtype.size();
-        let fail = |reason| blocks_error(name, total, row_bytes as u64, rows, reason);
-        if total == 0 || row_bytes == 0 {
-            return Err(fail("the tensor has no rows"));
-        }
+        let (total, row_bytes) = rows_of(name, &shape, dtype, rows)?;
+        let fail = |reason| blocks_error(name, total, row_bytes, rows, reason);
+        let row_bytes = row_bytes as usize;
         if rows == 0 {
             return Err(fail("a block needs at least one row"));
         }
@@ -217,21 +214,26 @@ fn copy<const D: usize>(
 
 /// Rows (first dimension) and bytes per row of tensor `name`.
 fn row_layout(store: &MappedStore, name: &str) -> Result<(usize, u64), AdoptError> {
-    let entry = store.manifest().get(name).ok_or_else(|| {
-        Box::new(burn_mapped::StoreError::TensorNotFound {
-            tensor: name.to_string(),
-            dir: store.dir().to_path_buf(),
-        })
-    })?;
-    let shape = entry.shape();
+    let entry = entry(store, name)?;
+    rows_of(name, entry.shape(), entry.dtype(), 0)
+}
+
+/// Rows and bytes per row of a tensor of `shape`; `block` is the block size asked for, for the
+/// error when there are no rows.
+fn rows_of(
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    block: usize,
+) -> Result<(usize, u64), AdoptError> {
     let rows = shape.first().copied().unwrap_or(0);
-    let row_bytes = shape.iter().skip(1).product::<usize>() as u64 * entry.dtype().size() as u64;
+    let row_bytes = shape.iter().skip(1).product::<usize>() as u64 * dtype.size() as u64;
     if rows == 0 || row_bytes == 0 {
         return Err(blocks_error(
             name,
             rows,
             row_bytes,
-            0,
+            block,
             "the tensor has no rows",
         ));
     }

@@ -11,7 +11,7 @@ use burn_cubecl::cubecl::wgpu::{
     AutoCompiler, RuntimeOptions, WgpuDevice, WgpuServer, WgpuSetup, try_init_device, wgpu,
 };
 use burn_cubecl::tensor::CubeTensor;
-use burn_mapped::{MappedFile, MappedStore};
+use burn_mapped::{MappedFile, MappedStore, TensorEntry};
 use cubecl_common::device::Device as _;
 use cubecl_common::device_handle::DeviceHandle;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
@@ -561,18 +561,23 @@ fn backing(cube: CubeTensor) -> Result<Backing, String> {
     })
 }
 
+/// The manifest entry of tensor `name`.
+pub(crate) fn entry<'a>(store: &'a MappedStore, name: &str) -> Result<&'a TensorEntry, AdoptError> {
+    store.manifest().get(name).ok_or_else(|| {
+        AdoptError::from(Box::new(burn_mapped::StoreError::TensorNotFound {
+            tensor: name.to_string(),
+            dir: store.dir().to_path_buf(),
+        }))
+    })
+}
+
 /// The file, shape and dtype of tensor `name`, checking the rank.
 pub(crate) fn lookup<'a, const D: usize>(
     store: &'a MappedStore,
     name: &str,
 ) -> Result<(&'a Arc<MappedFile>, [usize; D], DType), AdoptError> {
     let file = store.mapped(name).map_err(Box::new)?;
-    let entry = store.manifest().get(name).ok_or_else(|| {
-        Box::new(burn_mapped::StoreError::TensorNotFound {
-            tensor: name.to_string(),
-            dir: store.dir().to_path_buf(),
-        })
-    })?;
+    let entry = entry(store, name)?;
     let stored = entry.shape().to_vec();
     let shape: [usize; D] = stored.clone().try_into().map_err(|_| AdoptError::Shape {
         tensor: name.to_string(),

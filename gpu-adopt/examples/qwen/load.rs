@@ -77,32 +77,27 @@ pub fn load_qwen(
     let (model, report) = gpu.load_module_except(model, store, adopt, &names)?;
     let rows = gpu.block_rows(store, &names)?;
     let mut blocks = Vec::new();
-    let mut note = |name: &str, placements: Vec<Placement>| {
-        let mut start = 0;
-        for placement in placements {
-            let n = rows.min(manifest.get(name).map_or(0, |e| e.shape()[0]) - start);
-            blocks.push((name.to_string(), start..start + n, placement));
-            start += n;
-        }
-    };
-    let (embed, placements): (Vec<_>, Vec<_>) = gpu
-        .load_float_rows::<2>(store, EMBED, rows, adopt)?
-        .into_iter()
-        .unzip();
-    note(EMBED, placements);
+    let embed = placed(
+        EMBED,
+        gpu.load_float_rows::<2>(store, EMBED, rows, adopt)?,
+        |t| t.dims()[0],
+        &mut blocks,
+    );
     let head = match head_q8 {
         None => None,
         Some(true) => {
-            let (values, placements): (Vec<_>, Vec<_>) = gpu
-                .load_int_rows::<2>(store, HEAD, rows, adopt)?
-                .into_iter()
-                .unzip();
-            note(HEAD, placements);
-            let (scales, placements): (Vec<_>, Vec<_>) = gpu
-                .load_float_rows::<1>(store, &head_scale, rows, adopt)?
-                .into_iter()
-                .unzip();
-            note(&head_scale, placements);
+            let values = placed(
+                HEAD,
+                gpu.load_int_rows::<2>(store, HEAD, rows, adopt)?,
+                |t| t.dims()[0],
+                &mut blocks,
+            );
+            let scales = placed(
+                &head_scale,
+                gpu.load_float_rows::<1>(store, &head_scale, rows, adopt)?,
+                |t| t.dims()[0],
+                &mut blocks,
+            );
             Some(
                 values
                     .into_iter()
@@ -112,11 +107,12 @@ pub fn load_qwen(
             )
         }
         Some(false) => {
-            let (weights, placements): (Vec<_>, Vec<_>) = gpu
-                .load_float_rows::<2>(store, HEAD, rows, adopt)?
-                .into_iter()
-                .unzip();
-            note(HEAD, placements);
+            let weights = placed(
+                HEAD,
+                gpu.load_float_rows::<2>(store, HEAD, rows, adopt)?,
+                |t| t.dims()[0],
+                &mut blocks,
+            );
             Some(weights.into_iter().map(Projection::from_weight).collect())
         }
     };
@@ -127,6 +123,26 @@ pub fn load_qwen(
         block_rows: Some(rows),
         blocks,
     })
+}
+
+/// The tensors of `loaded` blocks of `name`, noting in `blocks` each one's rows (counted by
+/// `rows`) and placement.
+fn placed<T>(
+    name: &str,
+    loaded: Vec<(T, Placement)>,
+    rows: impl Fn(&T) -> usize,
+    blocks: &mut Vec<(String, std::ops::Range<usize>, Placement)>,
+) -> Vec<T> {
+    let mut start = 0;
+    loaded
+        .into_iter()
+        .map(|(tensor, placement)| {
+            let n = rows(&tensor);
+            blocks.push((name.to_string(), start..start + n, placement));
+            start += n;
+            tensor
+        })
+        .collect()
 }
 
 /// Greedy decoding: the prompt, then `steps` cached single-token steps. Returns the chosen
