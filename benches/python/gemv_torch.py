@@ -5,7 +5,10 @@ The paper's matched protocol (section 3.1): one pass = one product over each of 
 distinct `[out, in]` matrices (default 12 x 12288 x 7168, 88.1 MB each as int8) followed by one
 `torch.cuda.synchronize()`. `--warmup` passes (12) are discarded, then `--passes` (30) are timed
 one by one with the wall clock, as the Rust program times its passes. The report gives the
-median and the min/max; GB/s counts each arm's weight bytes once per pass.
+median and the min/max; GB/s counts each arm's weight bytes once per pass. Each arm then runs
+as many passes again between two CUDA events recorded around the pass's launches and reports
+their median as `device_ms`: the device's own time per pass, beside the Rust program's
+`--device-time`.
 
 Arms (weights resident on the GPU, activations random and never zero):
 
@@ -166,7 +169,14 @@ def main():
 
     results, skipped, checks = [], [], {}
 
-    def measure(arm, t, one_pass):
+    def measure(arm, t, launch):
+        """Times passes of `launch` (queues one pass, returns its outputs) + one sync; then, as
+        many passes again between two CUDA events: the device's own time per pass."""
+        def one_pass():
+            ys = launch()
+            sync()
+            del ys
+
         for _ in range(a.warmup):
             one_pass()
         times = []
@@ -175,9 +185,23 @@ def main():
             one_pass()
             times.append(time.perf_counter() - start)
         r = summarize(arm, t, a.matrices, a.matrices * arm_bytes(arm, a.out, a.inp), times)
+        device = []
+        for _ in range(a.passes):
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            ys = launch()
+            end.record()
+            sync()
+            device.append(begin.elapsed_time(end))
+            del ys
+        device.sort()
+        n = len(device)
+        r["device_ms"] = device[n // 2] if n % 2 else (device[n // 2 - 1] + device[n // 2]) / 2
         print(f"{arm:>8} T={t:<2} x{a.matrices:<2} {r['median_ms']:>9.3f} ms  "
               f"{r['gbps_median']:>8.2f} GB/s (best {r['gbps_best']:.2f}, "
-              f"worst {r['gbps_worst']:.2f})", file=sys.stderr, flush=True)
+              f"worst {r['gbps_worst']:.2f}), device {r['device_ms']:.3f} ms",
+              file=sys.stderr, flush=True)
         results.append(r)
 
     def check(arm, got, x, k=0):
@@ -204,12 +228,7 @@ def main():
         views = [q.view(view) for q in qs]
 
         def read(arm=arm, views=views):
-            def one_pass():
-                sums = [v.sum() for v in views]
-                sync()
-                del sums
-
-            measure(arm, 0, one_pass)
+            measure(arm, 0, lambda: [v.sum() for v in views])
 
         run_arm(arm, read)
 
@@ -221,12 +240,7 @@ def main():
                 x = nonzero((t, a.inp), torch.float16)
                 check("fp16", F.linear(x, ws[0]), x)
 
-                def one_pass():
-                    ys = [F.linear(x, w) for w in ws]
-                    sync()
-                    del ys
-
-                measure("fp16", t, one_pass)
+                measure("fp16", t, lambda: [F.linear(x, w) for w in ws])
             del ws
             torch.cuda.empty_cache()
 
@@ -238,12 +252,8 @@ def main():
                 x = nonzero((t, a.inp), torch.float16)
                 check("int8pack", torch._weight_int8pack_mm(x, qs[0], scales[0]), x)
 
-                def one_pass():
-                    ys = [torch._weight_int8pack_mm(x, q, s) for q, s in zip(qs, scales)]
-                    sync()
-                    del ys
-
-                measure("int8pack", t, one_pass)
+                measure("int8pack", t,
+                        lambda: [torch._weight_int8pack_mm(x, q, s) for q, s in zip(qs, scales)])
 
         run_arm("int8pack", int8pack)
 

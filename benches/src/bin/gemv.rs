@@ -18,13 +18,17 @@
 //! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu|vulkan]
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
 //!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8] [--threads 0]
-//!     [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...]
+//!     [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...] [--device-time]
 //! ```
 //!
 //! Diagnostics beyond the protocol: arm `sync` times one sync with nothing queued (the floor
 //! under every pass); `--per-sync 1,10` adds read and q8 arms that queue several passes per
 //! sync (times per pass), which separates a fixed per-sync cost from the kernels' own; every
-//! arm also reports the host time spent enqueueing. `--tunings` (CubeCL devices) measures the
+//! arm also reports the host time spent enqueueing. `--device-time` (CubeCL devices) times each
+//! arm's passes again, each inside one of Burn's profiling windows, and reports the device's
+//! own clock per pass beside the wall time: what the GPU spent from its first kernel to its
+//! last, without the host's encoding before submission or the wait for the sync's answer.
+//! `--tunings` (CubeCL devices) measures the
 //! read and q8 arms once per kernel launch shape `lanes.groups.rows.unroll.read_unroll`
 //! (see `burn_mapped::q8::CubeTuning`).
 //!
@@ -60,6 +64,7 @@ struct Args {
     json: Option<PathBuf>,
     per_sync: Vec<usize>,
     tunings: Vec<String>,
+    device_time: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -80,6 +85,7 @@ fn parse_args() -> Result<Args> {
         json: None,
         per_sync: vec![1],
         tunings: Vec::new(),
+        device_time: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -100,6 +106,7 @@ fn parse_args() -> Result<Args> {
             "--tunings" => a.tunings = value()?.split(',').map(String::from).collect(),
             "--store" => a.store = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
+            "--device-time" => a.device_time = true,
             "-h" | "--help" => {
                 println!(
                     "{}",
@@ -305,17 +312,70 @@ struct ArmResult {
     /// Passes enqueued per sync (1 under the protocol; more in diagnostic arms, whose times
     /// are per pass).
     passes_per_sync: usize,
+    /// With `--device-time`: median device time per pass (the device's clock over a profiling
+    /// window around the passes of one sync), and how Burn measured it (`Device` when the
+    /// adapter has timestamp queries, else `System`: wall time between syncs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_timing: Option<String>,
     /// The GPU kernels' launch shape, for q8 and read arms on a CubeCL device.
     #[serde(skip_serializing_if = "Option::is_none")]
     tuning: Option<String>,
 }
 
 /// How one arm is timed: `per_sync` passes of `enqueue`, then one sync, timed as a unit
-/// and divided by `per_sync` (1 under the protocol).
+/// and divided by `per_sync` (1 under the protocol). With `profile`, the passes are timed a
+/// second time on the device's clock.
 struct Timing<'a> {
     per_sync: usize,
     sync: &'a dyn Fn() -> Result<()>,
     tuning: Option<String>,
+    profile: Option<&'a Device>,
+}
+
+/// Polls `f` to completion on this thread (Burn's profile results are futures; the device
+/// answers them).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Median device time per pass over `groups` windows of `per` passes each, and the timing
+/// method Burn used; `None` when no window carried a measurement.
+fn device_time<K: Send + 'static>(
+    dev: &Device,
+    groups: usize,
+    per: usize,
+    sync: &dyn Fn() -> Result<()>,
+    enqueue: &mut (impl FnMut() -> Result<K> + Send),
+) -> Result<Option<(f64, String)>> {
+    use burn::backend::{Backend, Dispatch, ProfileOptions};
+    let mut times = Vec::with_capacity(groups);
+    let mut method = None;
+    for _ in 0..groups {
+        let (keep, window) =
+            Dispatch::profile(dev.as_dispatch(), ProfileOptions::default().flush(), || {
+                (0..per).map(|_| enqueue()).collect::<Result<Vec<K>>>()
+            })
+            .map_err(|e| anyhow::anyhow!("profile: {e:?}"))?;
+        let keep = keep?;
+        sync()?;
+        drop(keep);
+        method = Some(format!("{:?}", window.timing_method()));
+        if let Some(ticks) = block_on(window.resolve()) {
+            times.push(ticks.duration().as_secs_f64() / per as f64);
+        }
+    }
+    Ok(method
+        .filter(|_| !times.is_empty())
+        .map(|m| (median(&mut times) * 1e3, m)))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -331,14 +391,14 @@ fn median(v: &mut [f64]) -> f64 {
 /// Runs `warmup` discarded passes, then times `passes` passes; `enqueue` queues one pass and
 /// returns what must stay alive until the sync.
 #[allow(clippy::too_many_arguments)]
-fn measure<K>(
+fn measure<K: Send + 'static>(
     arm: &str,
     t: usize,
     matrices: usize,
     bytes: u64,
     a: &Args,
     timing: &Timing,
-    mut enqueue: impl FnMut() -> Result<K>,
+    mut enqueue: impl FnMut() -> Result<K> + Send,
 ) -> Result<ArmResult> {
     let per = timing.per_sync.max(1);
     let mut group = |enq: &mut Vec<f64>| -> Result<f64> {
@@ -363,6 +423,16 @@ fn measure<K>(
         .collect::<Result<Vec<f64>>>()?;
     let med = median(&mut times);
     let (min, max) = (times[0], times[times.len() - 1]);
+    let device = match timing.profile {
+        Some(dev) if matrices > 0 => device_time(
+            dev,
+            a.passes.div_ceil(per).max(1),
+            per,
+            timing.sync,
+            &mut enqueue,
+        )?,
+        _ => None,
+    };
     let gbps = |s: f64| bytes as f64 / s / 1e9;
     let r = ArmResult {
         arm: arm.to_string(),
@@ -378,10 +448,12 @@ fn measure<K>(
         gbps_worst: gbps(max),
         enqueue_ms: median(&mut enq) * 1e3,
         passes_per_sync: per,
+        device_ms: device.as_ref().map(|d| d.0),
+        device_timing: device.map(|d| d.1),
         tuning: timing.tuning.clone(),
     };
     eprintln!(
-        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2}) enqueue {:.3} ms, {} per sync{}",
+        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2}) enqueue {:.3} ms, {} per sync{}{}",
         r.arm,
         r.t,
         r.matrices,
@@ -394,6 +466,9 @@ fn measure<K>(
         r.tuning
             .as_deref()
             .map(|t| format!(", {t}"))
+            .unwrap_or_default(),
+        r.device_ms
+            .map(|d| format!(", device {d:.3} ms"))
             .unwrap_or_default()
     );
     Ok(r)
@@ -495,6 +570,7 @@ fn main() -> Result<()> {
         per_sync: 1,
         sync: &sync,
         tuning: None,
+        profile: a.device_time.then_some(&dev),
     };
     if a.arms.iter().any(|s| s == "sync") {
         // The fixed cost of one sync with nothing queued: the floor under every pass.
@@ -510,6 +586,7 @@ fn main() -> Result<()> {
                 per_sync,
                 sync: &sync,
                 tuning: tuning.clone(),
+                profile: a.device_time.then_some(&dev),
             };
             if a.arms.iter().any(|s| s == "read") {
                 arms.push(measure(
@@ -613,14 +690,14 @@ fn main() -> Result<()> {
         arms,
     };
     println!(
-        "| arm    | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) | enqueue ms | per sync | tuning |"
+        "| arm    | T  | matrices | MB/pass | median ms | min ms | max ms | GB/s (median) | GB/s (best) | enqueue ms | device ms | per sync | tuning |"
     );
     println!(
-        "|--------|----|----------|---------|-----------|--------|--------|---------------|-------------|------------|----------|--------|"
+        "|--------|----|----------|---------|-----------|--------|--------|---------------|-------------|------------|-----------|----------|--------|"
     );
     for r in &report.arms {
         println!(
-            "| {:<6} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} | {:>10.3} | {:>8} | {} |",
+            "| {:<6} | {:<2} | {:<8} | {:>7.1} | {:>9.3} | {:>6.3} | {:>6.3} | {:>13.2} | {:>11.2} | {:>10.3} | {:>9} | {:>8} | {} |",
             r.arm,
             r.t,
             r.matrices,
@@ -631,6 +708,9 @@ fn main() -> Result<()> {
             r.gbps_median,
             r.gbps_best,
             r.enqueue_ms,
+            r.device_ms
+                .map(|d| format!("{d:.3}"))
+                .unwrap_or_else(|| "-".into()),
             r.passes_per_sync,
             r.tuning.as_deref().unwrap_or("-")
         );
