@@ -53,15 +53,17 @@ pub struct CubeTuning {
 }
 
 impl CubeTuning {
-    /// The shape used unless [`set_cube_tuning`] says otherwise: the best T = 1 median of
-    /// two sweeps on an H200 (Vulkan, SPIR-V; `benches/results/h200/tune-*`), and within a
-    /// few percent of the best at T = 8.
+    /// The shape used unless [`set_cube_tuning`] says otherwise: on an H200 (Vulkan,
+    /// SPIR-V), ranked by the device's own clock (`benches/results/h200/fusion/`): within 1 %
+    /// of the fastest T = 1 product among 18 shapes (0.345 ms per 12 x 88 MB, 81 % of the read
+    /// kernel; 0.375 ms with the earlier 32.4.4.2.2), with a T = 8 time among the best.
+    /// Wall-clock sweeps at one pass per sync could not rank shapes: host noise swamped them.
     pub const DEFAULT: CubeTuning = CubeTuning {
         lanes: 32,
         groups: 4,
         rows: 4,
-        unroll: 2,
-        read_unroll: 2,
+        unroll: 4,
+        read_unroll: 4,
     };
 
     fn valid(&self) -> bool {
