@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_mapped::q8::{Q8Rows, Q8Weight, q8_linear, write_q8_rows};
-use burn_mapped::{Manifest, MappedStore, StoreWriter};
+use burn_mapped::{Manifest, StoreWriter};
 use burn_mapped_gpu::{AdoptError, GpuDevice, Placement};
-use common::{assert_close, digest_dir, f32_store, gpu, matmul_reference, values};
+use common::{assert_close, digest_dir, f32_store, gpu, matmul_reference, open_strict, values};
 
 /// The device, skipping the test where there is none; fails where the device cannot import
 /// (these tests are about adoption; the refusal path has its own test).
@@ -188,7 +188,7 @@ fn the_q8_gemv_reads_mapped_int8_and_scales_in_place() {
     let mut w = StoreWriter::create(dir.path().join("s")).unwrap();
     let (values_name, scale_name) = write_q8_rows(&mut w, "proj.weight", &rows, out, inp).unwrap();
     let _: Manifest = w.finish().unwrap();
-    let store = MappedStore::open(dir.path().join("s")).unwrap();
+    let store = open_strict(dir.path().join("s"));
     let before = digest_dir(&dir.path().join("s"));
 
     let (values, placement): (Tensor<2, Int>, _) = gpu.load_int(&store, &values_name).unwrap();
@@ -245,7 +245,7 @@ fn a_tensor_larger_than_a_storage_binding_is_a_clear_error() {
     )
     .unwrap();
     w.finish().unwrap();
-    let store = MappedStore::open(dir.path().join("s")).unwrap();
+    let store = open_strict(dir.path().join("s"));
     let err = gpu.load_float::<1>(&store, "huge").unwrap_err();
     assert!(
         matches!(&err, AdoptError::TooLargeForBinding { tensor, bytes, limit }

@@ -16,7 +16,7 @@ use burn::tensor::Device;
 use burn_mapped::memstat::rss_self;
 use burn_mapped::{MappedRecorder, MappedStore};
 use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, VocabBlocks};
-use common::{digest_dir, gpu, importing};
+use common::{digest_dir, gpu, importing, open_strict};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny_qwen2/tied")
@@ -55,7 +55,7 @@ fn tiny() -> Tiny {
         "{applied:?}"
     );
     MappedRecorder::default().record(&host, &store_dir).unwrap();
-    let store = MappedStore::open(&store_dir).unwrap();
+    let store = open_strict(&store_dir);
     let reference: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture().join("reference.json")).unwrap()).unwrap();
     let ids = |k: &str| -> Vec<u32> {
@@ -260,7 +260,7 @@ fn a_mid_size_qwen2_decodes_adopted_without_anonymous_growth() {
     MappedRecorder::default()
         .record(&config.init(&Device::flex()), &store_dir)
         .unwrap();
-    let store = MappedStore::open(&store_dir).unwrap();
+    let store = open_strict(&store_dir);
     let weights: u64 = store.manifest().tensors().iter().map(|t| t.len()).sum();
     let prompt = [1u32, 17, 400, 9, 31000, 5, 77];
     let steps = 16;

@@ -21,10 +21,9 @@ mod load;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn_mapped::MappedStore;
 use burn_mapped::memstat::rss_self;
 use burn_mapped_gpu::Placement;
-use common::{digest_dir, importing};
+use common::{digest_dir, importing, open_strict};
 use serde_json::Value;
 
 /// Decode steps after the prompt: lavapipe runs this model at ~0.3 tokens/s.
@@ -81,7 +80,7 @@ fn the_real_q8_checkpoint_decodes_adopted_like_resident_and_the_reference() {
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
     let before = digest_dir(&dir);
-    let store = MappedStore::open(&dir).unwrap();
+    let store = open_strict(&dir);
     let weights: u64 = store.manifest().tensors().iter().map(|t| t.len()).sum();
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
 

@@ -80,7 +80,14 @@ pub fn f32_store(dir: &Path, tensors: &[(&str, Vec<usize>, &[f32])]) -> MappedSt
         .unwrap();
     }
     w.finish().unwrap();
-    MappedStore::open(dir).unwrap()
+    open_strict(dir)
+}
+
+/// Opens the store at `dir` strict: a host-side mutable access to its mapped bytes is refused
+/// (an error naming the tensor) rather than served by a private copy, so a test that passes
+/// shows that no path it took wanted to write them.
+pub fn open_strict(dir: impl AsRef<Path>) -> MappedStore {
+    MappedStore::options().strict(true).open(dir).unwrap()
 }
 
 /// SHA-256 of every file in `dir`, in name order.
