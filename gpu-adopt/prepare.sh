@@ -6,7 +6,8 @@
 # Cargo.lock, unpack it under gpu-adopt/.patched/, then apply patches/cubecl-external-buffers.patch
 # with `patch`. Nothing from CubeCL is committed to this repository; .patched/ is ignored.
 #
-# Usage: gpu-adopt/prepare.sh   (idempotent; re-run after editing the patch)
+# Usage: gpu-adopt/prepare.sh   (idempotent, and leaves an up-to-date .patched/ untouched;
+# re-run after editing the patch)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -49,6 +50,13 @@ for crate in "${crates[@]}"; do
     tar -xzf "$file" -C "$out.tmp"
 done
 patch -p1 --quiet --forward -d "$out.tmp" < "$patch_file"
+# Keep an identical earlier result, and with it its timestamps: cargo decides by modification
+# time whether a path dependency changed, and a fresh copy would rebuild Burn above it.
+if [[ -d "$out" ]] && diff -rq "$out.tmp" "$out" >/dev/null; then
+    rm -rf "$out.tmp"
+    echo "prepare: ${crates[*]} $version in $out are up to date"
+    exit 0
+fi
 rm -rf "$out"
 mv "$out.tmp" "$out"
 echo "prepare: patched ${crates[*]} $version into $out"

@@ -28,6 +28,8 @@
 //! arm's passes again, each inside one of Burn's profiling windows, and reports the device's
 //! own clock per pass beside the wall time: what the GPU spent from its first kernel to its
 //! last, without the host's encoding before submission or the wait for the sync's answer.
+//! Arms `readgraph` and `q8graph` (CubeCL devices) capture one pass with Burn's graph capture and
+//! time replays of it (each + one sync), `q8graph` at every `T` of `--t-sweep`.
 //! `--tunings` (CubeCL devices) measures the
 //! read and q8 arms once per kernel launch shape `lanes.groups.rows.unroll.read_unroll`
 //! (see `burn_mapped::q8::CubeTuning`).
@@ -348,23 +350,27 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// Median device time per pass over `groups` windows of `per` passes each, and the timing
-/// method Burn used; `None` when no window carried a measurement.
-fn device_time<K: Send + 'static>(
+/// method Burn used; `None` when the device opens no windows or no window carried a
+/// measurement.
+fn device_time<K>(
     dev: &Device,
     groups: usize,
     per: usize,
     sync: &dyn Fn() -> Result<()>,
-    enqueue: &mut (impl FnMut() -> Result<K> + Send),
+    enqueue: &mut impl FnMut() -> Result<K>,
 ) -> Result<Option<(f64, String)>> {
     use burn::backend::{Backend, Dispatch, ProfileOptions};
+    let fail = |e| anyhow::anyhow!("profile: {e:?}");
     let mut times = Vec::with_capacity(groups);
     let mut method = None;
     for _ in 0..groups {
-        let (keep, window) =
-            Dispatch::profile(dev.as_dispatch(), ProfileOptions::default().flush(), || {
-                (0..per).map(|_| enqueue()).collect::<Result<Vec<K>>>()
-            })
-            .map_err(|e| anyhow::anyhow!("profile: {e:?}"))?;
+        let Some(token) = Dispatch::profile_start(dev.as_dispatch()).map_err(fail)? else {
+            return Ok(None);
+        };
+        let keep = (0..per).map(|_| enqueue()).collect::<Result<Vec<K>>>();
+        let window =
+            Dispatch::profile_end(dev.as_dispatch(), token, ProfileOptions::default().flush())
+                .map_err(fail)?;
         let keep = keep?;
         sync()?;
         drop(keep);
@@ -391,14 +397,14 @@ fn median(v: &mut [f64]) -> f64 {
 /// Runs `warmup` discarded passes, then times `passes` passes; `enqueue` queues one pass and
 /// returns what must stay alive until the sync.
 #[allow(clippy::too_many_arguments)]
-fn measure<K: Send + 'static>(
+fn measure<K>(
     arm: &str,
     t: usize,
     matrices: usize,
     bytes: u64,
     a: &Args,
     timing: &Timing,
-    mut enqueue: impl FnMut() -> Result<K> + Send,
+    mut enqueue: impl FnMut() -> Result<K>,
 ) -> Result<ArmResult> {
     let per = timing.per_sync.max(1);
     let mut group = |enq: &mut Vec<f64>| -> Result<f64> {
@@ -543,6 +549,8 @@ struct Report {
     host_kernel: &'static str,
     flex_matmul_threads: Option<&'static str>,
     check_q8_vs_f32_max_rel_err: Option<f64>,
+    /// For `q8graph`: whether the replayed outputs equal a fresh eager product, per `T`.
+    graph_checks: Vec<String>,
     skipped: Vec<String>,
     arms: Vec<ArmResult>,
 }
@@ -565,6 +573,7 @@ fn main() -> Result<()> {
     let mut arms = Vec::new();
     let mut skipped = Vec::new();
     let mut check = None;
+    let mut graph_checks = Vec::new();
 
     let timing = Timing {
         per_sync: 1,
@@ -609,6 +618,73 @@ fn main() -> Result<()> {
                             .collect::<Result<Vec<_>, _>>()?)
                     })?);
                 }
+            }
+        }
+    }
+    // The same passes captured once with Burn's graph capture (`burn::tensor::capture`) and
+    // replayed: the recorded launches are re-encoded from prebuilt state, without the per-launch
+    // host work of Burn's dispatch, Fusion and CubeCL's launch path.
+    if a.arms.iter().any(|s| s == "readgraph") {
+        let mut graph =
+            burn::tensor::capture(&dev, || weights.iter().map(read_weight).collect::<Vec<_>>());
+        if graph.is_hardware() {
+            arms.push(measure(
+                "readgraph",
+                0,
+                a.matrices,
+                value_bytes,
+                &a,
+                &timing,
+                || {
+                    // SAFETY: the graph reads the weights and writes its own outputs, all alive
+                    // until the end of `main`; nothing else uses them meanwhile, and every replay
+                    // is followed by a sync on this thread's stream before the next.
+                    unsafe { graph.replay() };
+                    Ok(())
+                },
+            )?);
+        } else {
+            skipped.push("readgraph: this device does not capture graphs".into());
+        }
+    }
+    if a.arms.iter().any(|s| s == "q8graph") {
+        for &t in &a.t_sweep {
+            let x = random_x(&mut rng, t, a.inp, &dev);
+            let mut graph = burn::tensor::capture(&dev, || {
+                weights
+                    .iter()
+                    .map(|w| q8_linear(x.clone(), w, None))
+                    .collect::<Result<Vec<_>, _>>()
+            });
+            if !graph.is_hardware() {
+                skipped.push("q8graph: this device does not capture graphs".into());
+                break;
+            }
+            graph
+                .output()
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let replay = || {
+                // SAFETY: as for `readgraph`; `x` is declared before `graph`, so it outlives it.
+                unsafe { graph.replay() };
+                Ok(())
+            };
+            arms.push(measure(
+                "q8graph", t, a.matrices, q8_bytes, &a, &timing, replay,
+            )?);
+            // The replays rewrote the captured outputs; they must equal a fresh eager product.
+            let replayed = graph
+                .output()
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let same = weights.iter().zip(replayed).all(|(w, y)| {
+                q8_linear(x.clone(), w, None).is_ok_and(|e| e.into_data() == y.clone().into_data())
+            });
+            graph_checks.push(format!(
+                "q8graph T={t}: replayed outputs equal eager: {same}"
+            ));
+            if !same {
+                bail!("q8graph T={t}: replayed outputs differ from the eager product");
             }
         }
     }
@@ -686,6 +762,7 @@ fn main() -> Result<()> {
         flex_matmul_threads: (a.device == "flex")
             .then_some("1 (the workspace builds burn-flex without its `rayon` feature)"),
         check_q8_vs_f32_max_rel_err: check,
+        graph_checks,
         skipped,
         arms,
     };
