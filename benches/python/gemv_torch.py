@@ -82,11 +82,18 @@ def arm_bytes(arm, out, inp):
     }[arm]
 
 
+def median(values):
+    """Median as the Rust program takes it: of an even count, the mean of the middle two."""
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 == 1 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
 def summarize(arm, t, matrices, bytes_per_pass, times):
     """The Rust program's result record for pass times `times` (seconds)."""
     s = sorted(times)
     n = len(s)
-    median = s[n // 2] if n % 2 == 1 else (s[n // 2 - 1] + s[n // 2]) / 2
+    mid = median(s)
     gbps = lambda sec: bytes_per_pass / sec / 1e9  # noqa: E731
     return {
         "arm": arm,
@@ -94,10 +101,10 @@ def summarize(arm, t, matrices, bytes_per_pass, times):
         "matrices": matrices,
         "bytes_per_pass": bytes_per_pass,
         "passes": n,
-        "median_ms": median * 1e3,
+        "median_ms": mid * 1e3,
         "min_ms": s[0] * 1e3,
         "max_ms": s[-1] * 1e3,
-        "gbps_median": gbps(median),
+        "gbps_median": gbps(mid),
         "gbps_best": gbps(s[0]),
         "gbps_worst": gbps(s[-1]),
     }
@@ -124,6 +131,7 @@ def self_check():
     # Median of an even count is the mean of the middle two, as in the Rust program.
     r = summarize("read", 0, 2, 4_000_000, [0.004, 0.001, 0.003, 0.002])
     assert abs(r["median_ms"] - 2.5) < 1e-9, r
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 3.0, 2.0]) == 2.5
     assert r["min_ms"] == 1.0 and r["max_ms"] == 4.0, r
     assert abs(r["gbps_best"] - 4.0) < 1e-9 and abs(r["gbps_worst"] - 1.0) < 1e-9, r
     assert arm_bytes("int8pack", 3, 8) == 30 and arm_bytes("fp16", 3, 8) == 48
@@ -195,9 +203,7 @@ def main():
             sync()
             device.append(begin.elapsed_time(end))
             del ys
-        device.sort()
-        n = len(device)
-        r["device_ms"] = device[n // 2] if n % 2 else (device[n // 2 - 1] + device[n // 2]) / 2
+        r["device_ms"] = median(device)
         print(f"{arm:>8} T={t:<2} x{a.matrices:<2} {r['median_ms']:>9.3f} ms  "
               f"{r['gbps_median']:>8.2f} GB/s (best {r['gbps_best']:.2f}, "
               f"worst {r['gbps_worst']:.2f}), device {r['device_ms']:.3f} ms",
