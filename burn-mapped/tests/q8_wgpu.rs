@@ -19,8 +19,8 @@ mod q8_common;
 
 use burn::tensor::{DType, Device, DeviceType, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    CubeTuning, Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight, set_cube_tuning,
-    set_poison_outputs,
+    CubeTuning, Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight,
+    reset_cube_tuning, set_cube_tuning, set_poison_outputs,
 };
 use q8_common::{Rng, assert_close, reference, xor_words};
 
@@ -147,7 +147,7 @@ fn every_launch_shape_matches_the_f64_reference() {
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
-            assert!(set_cube_tuning(CubeTuning::DEFAULT));
+            reset_cube_tuning();
         }
     }
     let _restore = Restore;
@@ -164,18 +164,24 @@ fn every_launch_shape_matches_the_f64_reference() {
         unroll: 0,
         ..CubeTuning::DEFAULT
     }));
+    assert!(!set_cube_tuning(CubeTuning {
+        vector: 3,
+        ..CubeTuning::DEFAULT
+    }));
     let mut rng = Rng::fresh();
-    let shapes = [(37, 52), (70, 96), (1, 4), (33, 1028)];
+    // Rows of 13, 24 (three 2-word or six 4-word loads), 1, 26 and 257 words.
+    let shapes = [(37, 52), (70, 96), (1, 4), (19, 104), (33, 1028)];
     let weights: Vec<_> = shapes
         .iter()
         .map(|&(out, inp)| weight(&mut rng, out, inp, &device))
         .collect();
-    for (lanes, groups, rows, unroll, read_unroll) in [
-        (8, 2, 3, 3, 3),
-        (8, 1, 1, 1, 1),
-        (16, 4, 2, 5, 7),
-        (64, 4, 1, 1, 2),
-        (32, 8, 4, 1, 1),
+    for (lanes, groups, rows, unroll, read_unroll, vector) in [
+        (8, 2, 3, 3, 3, 4),
+        (8, 1, 1, 1, 1, 1),
+        (16, 4, 2, 5, 7, 2),
+        (64, 4, 1, 1, 2, 4),
+        (32, 8, 4, 1, 1, 1),
+        (32, 4, 8, 2, 4, 2),
     ] {
         let tuning = CubeTuning {
             lanes,
@@ -183,6 +189,7 @@ fn every_launch_shape_matches_the_f64_reference() {
             rows,
             unroll,
             read_unroll,
+            vector,
         };
         assert!(set_cube_tuning(tuning), "{tuning}");
         for ((out, inp), (q, s, w)) in shapes.iter().copied().zip(&weights) {

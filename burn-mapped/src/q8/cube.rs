@@ -13,7 +13,12 @@
 //! owns `rows` output rows; its lanes stride along those rows together, so each load
 //! instruction reads consecutive words of one row, and `unroll` strides are loaded before
 //! any arithmetic. Every lane keeps `rows x tile` f32 accumulators and reads each activation
-//! value once for all of its rows. A cube column (`CUBE_POS_Y`) handles one tile of at most
+//! value once for all of its rows. A load reads `vector` (1, 2 or 4) consecutive words of a
+//! row, `4 * vector` weights, so neighbouring lanes need activations `vector` vec4 apart: wide
+//! weight loads scatter a warp's activation loads over `vector` times the bytes they use. That
+//! costs nothing measurable at `T = 1`, where the weights' bytes bound the kernel; from
+//! `T = 4` on, where arithmetic and activation loads do, narrower loads and more rows per
+//! thread win, hence a launch shape per tile ([`CubeTuning::default_for`]). A cube column (`CUBE_POS_Y`) handles one tile of at most
 //! [`TILE`] activation rows; `T > TILE` runs `ceil(T / TILE)` tiles in one dispatch, each a
 //! pass over the weights. The lanes' partial sums are added through shared memory at the end.
 //!
@@ -50,21 +55,50 @@ pub struct CubeTuning {
     pub unroll: usize,
     /// Loads in flight per thread in the read-ceiling kernel.
     pub read_unroll: usize,
+    /// Words per weight load (1, 2 or 4); rows whose length does not divide into such
+    /// loads use the widest that does.
+    pub vector: usize,
 }
 
 impl CubeTuning {
-    /// The shape used unless [`set_cube_tuning`] says otherwise: on an H200 (Vulkan,
-    /// SPIR-V), ranked by the device's own clock (`benches/results/h200/fusion/`): within 1 %
-    /// of the fastest T = 1 product among 18 shapes (0.345 ms per 12 x 88 MB, 81 % of the read
-    /// kernel; 0.375 ms with the earlier 32.4.4.2.2), with a T = 8 time among the best.
-    /// Wall-clock sweeps at one pass per sync could not rank shapes: host noise swamped them.
+    /// The shape for one or two activation rows unless [`set_cube_tuning`] says otherwise: on
+    /// an H200 (Vulkan, SPIR-V), ranked by the device's own clock
+    /// (`benches/results/h200/fusion/`): within 1 % of the fastest T = 1 product among 18
+    /// shapes (0.345 ms per 12 x 88 MB, 81 % of the read kernel; 0.375 ms with the earlier
+    /// 32.4.4.2.2), and T = 2 as fast as any (0.427 ms, `h200/tsweep2/`).
     pub const DEFAULT: CubeTuning = CubeTuning {
         lanes: 32,
         groups: 4,
         rows: 4,
         unroll: 4,
         read_unroll: 4,
+        vector: 4,
     };
+
+    /// Three to eight rows: eight rows per thread reuse each loaded activation twice as often
+    /// as [`Self::DEFAULT`], and 2-word loads keep a warp's activation loads half as scattered
+    /// (H200, `benches/results/h200/wide/`: T = 4 0.556 ms against 0.67, T = 8 0.779 against
+    /// 1.49). Twelve rows ran T = 8 1.3 % faster but took 7-8 s to compile its shader at T = 8
+    /// against ~1 s for this one.
+    pub const WIDE: CubeTuning = CubeTuning {
+        lanes: 32,
+        groups: 4,
+        rows: 8,
+        unroll: 2,
+        read_unroll: 4,
+        vector: 2,
+    };
+
+    /// The shape a product with `tile` activation rows per pass launches with unless
+    /// [`set_cube_tuning`] overrides it. Chosen per tile because the kernel is bound by
+    /// memory at one or two rows and by arithmetic and activation loads at eight, where more
+    /// rows per thread reuse each loaded activation more.
+    pub const fn default_for(tile: usize) -> CubeTuning {
+        match tile {
+            0..=2 => CubeTuning::DEFAULT,
+            _ => CubeTuning::WIDE,
+        }
+    }
 
     fn valid(&self) -> bool {
         let small = |v: usize| (1..=16).contains(&v);
@@ -75,6 +109,7 @@ impl CubeTuning {
             && small(self.rows)
             && small(self.unroll)
             && small(self.read_unroll)
+            && matches!(self.vector, 1 | 2 | 4)
     }
 }
 
@@ -82,28 +117,40 @@ impl std::fmt::Display for CubeTuning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "l{}g{}r{}u{}/ru{}",
-            self.lanes, self.groups, self.rows, self.unroll, self.read_unroll
+            "l{}g{}r{}u{}/ru{}/v{}",
+            self.lanes, self.groups, self.rows, self.unroll, self.read_unroll, self.vector
         )
     }
 }
 
-static TUNING: std::sync::RwLock<CubeTuning> = std::sync::RwLock::new(CubeTuning::DEFAULT);
+/// The launch shape set by [`set_cube_tuning`] for every product, or `None` for the
+/// per-tile defaults.
+static TUNING: std::sync::RwLock<Option<CubeTuning>> = std::sync::RwLock::new(None);
 
-/// Sets the launch shape of later q8 launches in this process; returns `false` (and
-/// changes nothing) for a shape the kernels cannot run: fewer than [`TILE`] lanes,
-/// `lanes * groups` over 256 threads, or `rows`, `unroll` or `read_unroll` outside 1..=16.
+/// Sets the launch shape of later q8 launches in this process, for every `T`; returns `false`
+/// (and changes nothing) for a shape the kernels cannot run: fewer than [`TILE`] lanes,
+/// `lanes * groups` over 256 threads, `rows`, `unroll` or `read_unroll` outside 1..=16, or
+/// `vector` not 1, 2 or 4.
 pub fn set_cube_tuning(tuning: CubeTuning) -> bool {
     if !tuning.valid() {
         return false;
     }
-    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = tuning;
+    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = Some(tuning);
     true
 }
 
-/// The launch shape q8 launches use now.
-pub fn cube_tuning() -> CubeTuning {
-    *TUNING.read().unwrap_or_else(|e| e.into_inner())
+/// Returns later launches to the per-tile defaults ([`CubeTuning::default_for`]).
+pub fn reset_cube_tuning() {
+    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+/// The launch shape a product with `t` activation rows uses now (the read kernel uses that
+/// of `t = 1`).
+pub fn cube_tuning(t: usize) -> CubeTuning {
+    TUNING
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or(CubeTuning::default_for(t.clamp(1, TILE)))
 }
 
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
@@ -397,7 +444,7 @@ fn read(values: &CubeTensor) -> CubeTensor {
             BufferArg::from_raw_parts(values.handle.clone(), words / n),
             BufferArg::from_raw_parts(out.clone(), READ_PARTIALS),
             words / n,
-            cube_tuning().read_unroll,
+            cube_tuning(1).read_unroll,
         );
     }
     CubeTensor::new_contiguous(
@@ -451,16 +498,13 @@ fn run(
         t > 0 && out > 0 && inp > 0,
         "q8_matmul: empty operands are handled by q8_linear"
     );
-    let n = if inp.is_multiple_of(16) {
-        4
-    } else if inp.is_multiple_of(8) {
-        2
-    } else {
-        1
-    };
-    let words = inp / (4 * n);
     let tile = t.min(TILE);
-    let tuning = cube_tuning();
+    let tuning = cube_tuning(tile);
+    let n = [4, 2, 1]
+        .into_iter()
+        .find(|&n| n <= tuning.vector && inp.is_multiple_of(4 * n))
+        .unwrap_or(1);
+    let words = inp / (4 * n);
     let rows_per_cube = tuning.groups * tuning.rows;
     let count = CubeCount::Static(
         out.div_ceil(rows_per_cube) as u32,
@@ -517,5 +561,24 @@ impl Q8Backend for CubeBackend {
 
     fn q8_read(values: CubeTensor) -> CubeTensor {
         read(&values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_default_shape_is_one_the_kernels_run() {
+        for tile in 0..=TILE + 1 {
+            assert!(CubeTuning::default_for(tile).valid(), "tile {tile}");
+        }
+        assert!(
+            !CubeTuning {
+                vector: 3,
+                ..CubeTuning::DEFAULT
+            }
+            .valid()
+        );
     }
 }

@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use cpu::{TILE_T as CPU_TILE_T, cpu_kernel_name, cpu_threads, set_cpu_threads};
 #[cfg(feature = "wgpu")]
-pub use cube::{CubeTuning, TILE as GPU_TILE_T, cube_tuning, set_cube_tuning};
+pub use cube::{CubeTuning, TILE as GPU_TILE_T, cube_tuning, reset_cube_tuning, set_cube_tuning};
 pub use error::Q8Error;
 pub use ops::{Q8Backend, READ_PARTIALS, q8_linear, read_weight};
 pub use quantize::{Q8_MAX, Q8Builder, Q8Rows, dequantize_rows, quantize_rows, relative_error};
