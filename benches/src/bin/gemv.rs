@@ -2,8 +2,10 @@
 //!
 //! One pass = one product over each of `--matrices` distinct `[out, in]` int8 matrices
 //! (default 12 x 12288 x 7168, 88.1 MB each, stored as a burn-mapped store and adopted from
-//! the page cache on Flex) followed by one device sync. `--warmup` passes (12) are
-//! discarded, then `--passes` (30) are timed one by one; the report gives the median and the
+//! the page cache on Flex) followed by one device sync. `--warmup` passes (12), and more until
+//! `--warmup-ms` (200) have passed since the first (which compiles), are discarded (a GPU drops its clock while the host
+//! compiles a shader, and compute-bound arms measured before it climbs back ran up to 3x slow
+//! on the H200), then `--passes` (30) are timed one by one; the report gives the median and the
 //! min/max. GB/s counts each arm's weight bytes once per pass (int8 values + f16 scales for
 //! q8, 4 or 2 bytes per weight for the float arms).
 //!
@@ -17,7 +19,7 @@
 //! ```text
 //! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu|vulkan]
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
-//!     [--warmup 12] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8] [--threads 0]
+//!     [--warmup 12] [--warmup-ms 200] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8] [--threads 0]
 //!     [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...] [--device-time]
 //! ```
 //!
@@ -31,8 +33,9 @@
 //! Arms `readgraph` and `q8graph` (CubeCL devices) capture one pass with Burn's graph capture and
 //! time replays of it (each + one sync), `q8graph` at every `T` of `--t-sweep`.
 //! `--tunings` (CubeCL devices) measures the
-//! read and q8 arms once per kernel launch shape `lanes.groups.rows.unroll.read_unroll`
-//! (see `burn_mapped::q8::CubeTuning`).
+//! read and q8 arms once per kernel launch shape `lanes.groups.rows.unroll.read_unroll[.vector]`
+//! (see `burn_mapped::q8::CubeTuning`; `default` is the per-`T` defaults). Each GPU arm
+//! reports the shape it ran as the six numbers.
 //!
 //! The wgpu device (WGSL, or SPIR-V where wgpu settles on Vulkan and `vulkan` is built in)
 //! needs `--features wgpu`; the vulkan device (Burn's `vulkan` backend: wgpu pinned to
@@ -59,6 +62,7 @@ struct Args {
     inp: usize,
     passes: usize,
     warmup: usize,
+    warmup_ms: usize,
     t_sweep: Vec<usize>,
     arms: Vec<String>,
     threads: usize,
@@ -78,6 +82,7 @@ fn parse_args() -> Result<Args> {
         inp: 7168,
         passes: 30,
         warmup: 12,
+        warmup_ms: 200,
         t_sweep: vec![1, 2, 4, 8],
         arms: ["read", "q8", "f32", "f16", "burnq8"]
             .map(String::from)
@@ -101,6 +106,7 @@ fn parse_args() -> Result<Args> {
             "--in" => a.inp = num(value()?)?,
             "--passes" => a.passes = num(value()?)?,
             "--warmup" => a.warmup = num(value()?)?,
+            "--warmup-ms" => a.warmup_ms = num(value()?)?,
             "--threads" => a.threads = num(value()?)?,
             "--t-sweep" => a.t_sweep = usize_list(&flag, &value()?)?,
             "--arms" => a.arms = value()?.split(',').map(String::from).collect(),
@@ -174,20 +180,18 @@ fn describe(dev: &Device) -> String {
     format!("{dev:?} {runtime}")
 }
 
-/// The q8 kernels' launch shapes to measure, as `lanes.groups.rows.unroll.read_unroll`:
-/// `--tunings` on a CubeCL device, else the one in use (`None` on the host).
+/// The q8 kernels' launch shapes to measure, as `lanes.groups.rows.unroll.read_unroll[.vector]`
+/// or `default`: `--tunings` on a CubeCL device, else `default` (`None` on the host).
 fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
     #[cfg(feature = "wgpu")]
     if matches!(dev.as_dispatch(), burn::backend::DispatchDevice::Cube(_)) {
         if a.tunings.is_empty() {
-            let t = burn_mapped::q8::cube_tuning();
-            return Ok(vec![Some(format!(
-                "{}.{}.{}.{}.{}",
-                t.lanes, t.groups, t.rows, t.unroll, t.read_unroll
-            ))]);
+            return Ok(vec![Some("default".into())]);
         }
         for spec in &a.tunings {
-            parse_tuning(spec)?;
+            if spec != "default" {
+                parse_tuning(spec)?;
+            }
         }
         return Ok(a.tunings.iter().cloned().map(Some).collect());
     }
@@ -205,9 +209,9 @@ fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeTuning> {
         .map(|s| s.parse::<usize>())
         .collect::<Result<Vec<_>, _>>()
         .ok()
-        .filter(|v| v.len() == 5)
+        .filter(|v| v.len() == 5 || v.len() == 6)
         .with_context(|| {
-            format!("--tunings: `{spec}` is not lanes.groups.rows.unroll.read_unroll")
+            format!("--tunings: `{spec}` is not lanes.groups.rows.unroll.read_unroll[.vector]")
         })?;
     Ok(burn_mapped::q8::CubeTuning {
         lanes: v[0],
@@ -215,19 +219,39 @@ fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeTuning> {
         rows: v[2],
         unroll: v[3],
         read_unroll: v[4],
+        vector: v.get(5).copied().unwrap_or(4),
     })
 }
 
 fn apply_tuning(spec: &str) -> Result<()> {
     #[cfg(feature = "wgpu")]
     {
-        if !burn_mapped::q8::set_cube_tuning(parse_tuning(spec)?) {
+        if spec == "default" {
+            burn_mapped::q8::reset_cube_tuning();
+        } else if !burn_mapped::q8::set_cube_tuning(parse_tuning(spec)?) {
             bail!("--tunings: `{spec}` is not a shape the kernels can run");
         }
         Ok(())
     }
     #[cfg(not(feature = "wgpu"))]
     bail!("--tunings `{spec}` needs a CubeCL device")
+}
+
+/// The launch shape a `t`-row product uses now, as six numbers (the read kernel: `t = 1`).
+fn shape_label(t: usize) -> Option<String> {
+    #[cfg(feature = "wgpu")]
+    {
+        let s = burn_mapped::q8::cube_tuning(t.max(1));
+        Some(format!(
+            "{}.{}.{}.{}.{}.{}",
+            s.lanes, s.groups, s.rows, s.unroll, s.read_unroll, s.vector
+        ))
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = t;
+        None
+    }
 }
 
 struct Rng(u64);
@@ -320,7 +344,13 @@ struct ArmResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     device_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    device_min_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_max_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     device_timing: Option<String>,
+    /// When the arm started and ended (Unix seconds), to line it up with clock samples.
+    span_unix_s: [f64; 2],
     /// The GPU kernels' launch shape, for q8 and read arms on a CubeCL device.
     #[serde(skip_serializing_if = "Option::is_none")]
     tuning: Option<String>,
@@ -329,6 +359,7 @@ struct ArmResult {
 /// How one arm is timed: `per_sync` passes of `enqueue`, then one sync, timed as a unit
 /// and divided by `per_sync` (1 under the protocol). With `profile`, the passes are timed a
 /// second time on the device's clock.
+#[derive(Clone)]
 struct Timing<'a> {
     per_sync: usize,
     sync: &'a dyn Fn() -> Result<()>,
@@ -349,8 +380,8 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
     }
 }
 
-/// Median device time per pass over `groups` windows of `per` passes each, and the timing
-/// method Burn used; `None` when the device opens no windows or no window carried a
+/// Device time per pass over `groups` windows of `per` passes each (median, min, max), and
+/// the timing method Burn used; `None` when the device opens no windows or no window carried a
 /// measurement.
 fn device_time<K>(
     dev: &Device,
@@ -358,7 +389,7 @@ fn device_time<K>(
     per: usize,
     sync: &dyn Fn() -> Result<()>,
     enqueue: &mut impl FnMut() -> Result<K>,
-) -> Result<Option<(f64, String)>> {
+) -> Result<Option<([f64; 3], String)>> {
     use burn::backend::{Backend, Dispatch, ProfileOptions};
     let fail = |e| anyhow::anyhow!("profile: {e:?}");
     let mut times = Vec::with_capacity(groups);
@@ -379,9 +410,10 @@ fn device_time<K>(
             times.push(ticks.duration().as_secs_f64() / per as f64);
         }
     }
-    Ok(method
-        .filter(|_| !times.is_empty())
-        .map(|m| (median(&mut times) * 1e3, m)))
+    Ok(method.filter(|_| !times.is_empty()).map(|m| {
+        let med = median(&mut times);
+        ([med, times[0], times[times.len() - 1]].map(|s| s * 1e3), m)
+    }))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -394,7 +426,7 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Runs `warmup` discarded passes, then times `passes` passes; `enqueue` queues one pass and
+/// Runs `warmup` discarded passes (and more until `warmup_ms` have passed), then times `passes` passes; `enqueue` queues one pass and
 /// returns what must stay alive until the sync.
 #[allow(clippy::too_many_arguments)]
 fn measure<K>(
@@ -406,6 +438,12 @@ fn measure<K>(
     timing: &Timing,
     mut enqueue: impl FnMut() -> Result<K>,
 ) -> Result<ArmResult> {
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let started = unix();
     let per = timing.per_sync.max(1);
     let mut group = |enq: &mut Vec<f64>| -> Result<f64> {
         let start = Instant::now();
@@ -420,8 +458,14 @@ fn measure<K>(
         Ok(took)
     };
     let mut enq = Vec::new();
-    for _ in 0..a.warmup.div_ceil(per) {
+    // The first group compiles the arm's shaders (seconds for the widest), so the clock that
+    // has to climb back is timed from its end.
+    group(&mut enq)?;
+    let warm = Instant::now();
+    let mut done = per;
+    while done < a.warmup || warm.elapsed().as_millis() < a.warmup_ms as u128 {
         group(&mut enq)?;
+        done += per;
     }
     enq.clear();
     let mut times = (0..a.passes.div_ceil(per).max(1))
@@ -454,8 +498,11 @@ fn measure<K>(
         gbps_worst: gbps(max),
         enqueue_ms: median(&mut enq) * 1e3,
         passes_per_sync: per,
-        device_ms: device.as_ref().map(|d| d.0),
+        device_ms: device.as_ref().map(|d| d.0[0]),
+        device_min_ms: device.as_ref().map(|d| d.0[1]),
+        device_max_ms: device.as_ref().map(|d| d.0[2]),
         device_timing: device.map(|d| d.1),
+        span_unix_s: [started, unix()],
         tuning: timing.tuning.clone(),
     };
     eprintln!(
@@ -594,8 +641,13 @@ fn main() -> Result<()> {
             let timing = Timing {
                 per_sync,
                 sync: &sync,
-                tuning: tuning.clone(),
+                tuning: None,
                 profile: a.device_time.then_some(&dev),
+            };
+            // Each arm is labelled with the shape it ran (the per-`T` default or the override).
+            let shaped = |t: usize| Timing {
+                tuning: tuning.as_ref().and_then(|_| shape_label(t)),
+                ..timing.clone()
             };
             if a.arms.iter().any(|s| s == "read") {
                 arms.push(measure(
@@ -604,19 +656,27 @@ fn main() -> Result<()> {
                     a.matrices,
                     value_bytes,
                     &a,
-                    &timing,
+                    &shaped(1),
                     || Ok(weights.iter().map(read_weight).collect::<Vec<_>>()),
                 )?);
             }
             if a.arms.iter().any(|s| s == "q8") {
                 for &t in &a.t_sweep {
                     let x = random_x(&mut rng, t, a.inp, &dev);
-                    arms.push(measure("q8", t, a.matrices, q8_bytes, &a, &timing, || {
-                        Ok(weights
-                            .iter()
-                            .map(|w| q8_linear(x.clone(), w, None))
-                            .collect::<Result<Vec<_>, _>>()?)
-                    })?);
+                    arms.push(measure(
+                        "q8",
+                        t,
+                        a.matrices,
+                        q8_bytes,
+                        &a,
+                        &shaped(t),
+                        || {
+                            Ok(weights
+                                .iter()
+                                .map(|w| q8_linear(x.clone(), w, None))
+                                .collect::<Result<Vec<_>, _>>()?)
+                        },
+                    )?);
                 }
             }
         }
@@ -634,7 +694,10 @@ fn main() -> Result<()> {
                 a.matrices,
                 value_bytes,
                 &a,
-                &timing,
+                &Timing {
+                    tuning: shape_label(1),
+                    ..timing.clone()
+                },
                 || {
                     // SAFETY: the graph reads the weights and writes its own outputs, all alive
                     // until the end of `main`; nothing else uses them meanwhile, and every replay
@@ -669,8 +732,12 @@ fn main() -> Result<()> {
                 unsafe { graph.replay() };
                 Ok(())
             };
+            let shaped = Timing {
+                tuning: shape_label(t),
+                ..timing.clone()
+            };
             arms.push(measure(
-                "q8graph", t, a.matrices, q8_bytes, &a, &timing, replay,
+                "q8graph", t, a.matrices, q8_bytes, &a, &shaped, replay,
             )?);
             // The replays rewrote the captured outputs; they must equal a fresh eager product.
             let replayed = graph
