@@ -22,3 +22,8 @@ for f in "$bin"/*.xz; do
 done
 section() { echo; echo "==== $* ($(date -u +%T))"; } >> "$log"
 run() { local name="$1"; shift; section "$name: $*"; "$@" >> "$log" 2>&1; echo "exit $?" >> "$log"; }
+# Samples the SM clock, power and utilization every 50 ms into $out/smi.csv until `kill $smi`.
+sample_clock() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv -lms 50 > "$out/smi.csv" 2>&1 &
+  smi=$!
+}
