@@ -120,8 +120,9 @@ fn run(x: &[f32], w: &Q8Weight, bias: Option<&[f32]>, t: usize, device: &Device)
 fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
     let Some(device) = gpu() else { return };
     let mut rng = Rng::fresh();
-    // `in` a multiple of 4 but of neither 8 nor 16 (one word per vector), of 8 only (two),
-    // of 16 (four); `out` not a multiple of the 32 rows a cube covers.
+    // `in` a multiple of 4 but of neither 8 nor 16 (one word per load), of 8 only (at most
+    // two), of 16 (up to four: the T 1-2 shape loads four, the T >= 3 shape two); `out` not a
+    // multiple of the rows a cube covers.
     for &(out, inp) in &[(37, 52), (45, 56), (70, 96), (1, 4)] {
         let (q, s, w) = weight(&mut rng, out, inp, &device);
         for t in (1..=8).chain([11]) {
@@ -169,7 +170,8 @@ fn every_launch_shape_matches_the_f64_reference() {
         ..CubeTuning::DEFAULT
     }));
     let mut rng = Rng::fresh();
-    // Rows of 13, 24 (three 2-word or six 4-word loads), 1, 26 and 257 words.
+    // Rows of 13, 24 (twelve 2-word or six 4-word loads), 1, 26 (a 4-word shape falls back to
+    // 2-word loads) and 257 words (1-word loads only).
     let shapes = [(37, 52), (70, 96), (1, 4), (19, 104), (33, 1028)];
     let weights: Vec<_> = shapes
         .iter()

@@ -2,10 +2,11 @@
 //!
 //! One pass = one product over each of `--matrices` distinct `[out, in]` int8 matrices
 //! (default 12 x 12288 x 7168, 88.1 MB each, stored as a burn-mapped store and adopted from
-//! the page cache on Flex) followed by one device sync. `--warmup` passes (12), and more until
-//! `--warmup-ms` (200) have passed since the first (which compiles), are discarded (a GPU drops its clock while the host
-//! compiles a shader, and compute-bound arms measured before it climbs back ran up to 3x slow
-//! on the H200), then `--passes` (30) are timed one by one; the report gives the median and the
+//! the page cache on Flex) followed by one device sync. `--warmup` passes (12, at least one),
+//! and more until `--warmup-ms` (200) have passed since the first (which compiles), are
+//! discarded (a GPU drops its clock while the host compiles a shader, and compute-bound arms
+//! measured before it climbs back ran up to 3x slow on the H200), then `--passes` (30) are
+//! timed one by one; the report gives the median and the
 //! min/max. GB/s counts each arm's weight bytes once per pass (int8 values + f16 scales for
 //! q8, 4 or 2 bytes per weight for the float arms).
 //!
@@ -19,8 +20,9 @@
 //! ```text
 //! cargo run --release -p burn-mapped-benches --bin gemv -- [--device flex|wgpu|vulkan]
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
-//!     [--warmup 12] [--warmup-ms 200] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8] [--threads 0]
-//!     [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...] [--device-time]
+//!     [--warmup 12] [--warmup-ms 200] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8]
+//!     [--threads 0] [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...]
+//!     [--device-time]
 //! ```
 //!
 //! Diagnostics beyond the protocol: arm `sync` times one sync with nothing queued (the floor
@@ -351,7 +353,7 @@ struct ArmResult {
     device_timing: Option<String>,
     /// When the arm started and ended (Unix seconds), to line it up with clock samples.
     span_unix_s: [f64; 2],
-    /// The GPU kernels' launch shape, for q8 and read arms on a CubeCL device.
+    /// The GPU kernels' launch shape, for the q8, read and graph arms on a CubeCL device.
     #[serde(skip_serializing_if = "Option::is_none")]
     tuning: Option<String>,
 }
@@ -426,8 +428,9 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Runs `warmup` discarded passes (and more until `warmup_ms` have passed), then times `passes` passes; `enqueue` queues one pass and
-/// returns what must stay alive until the sync.
+/// Runs `warmup` discarded passes (at least one, and more until `warmup_ms` have passed since
+/// the first), then times `passes` passes; `enqueue` queues one pass and returns what must
+/// stay alive until the sync.
 #[allow(clippy::too_many_arguments)]
 fn measure<K>(
     arm: &str,

@@ -18,9 +18,10 @@
 //! weight loads scatter a warp's activation loads over `vector` times the bytes they use. That
 //! costs nothing measurable at `T = 1`, where the weights' bytes bound the kernel; from
 //! `T = 4` on, where arithmetic and activation loads do, narrower loads and more rows per
-//! thread win, hence a launch shape per tile ([`CubeTuning::default_for`]). A cube column (`CUBE_POS_Y`) handles one tile of at most
-//! [`TILE`] activation rows; `T > TILE` runs `ceil(T / TILE)` tiles in one dispatch, each a
-//! pass over the weights. The lanes' partial sums are added through shared memory at the end.
+//! thread win, hence a launch shape per tile ([`CubeTuning::default_for`]). A cube column
+//! (`CUBE_POS_Y`) handles one tile of at most [`TILE`] activation rows; `T > TILE` runs
+//! `ceil(T / TILE)` tiles in one dispatch, each a pass over the weights. The lanes' partial
+//! sums are added through shared memory at the end.
 //!
 //! The same word layout serves SPIR-V, which could bind bytes but need not (8-bit storage is
 //! an optional Vulkan feature). The kernel is launched on the activation tensor's client, so it
@@ -41,7 +42,7 @@ pub const TILE: usize = 8;
 
 /// Launch shape of the CubeCL kernels. Every field is a compile-time constant of the kernel,
 /// so each distinct tuning compiles (once) its own shader; the benchmark sweeps them to pick
-/// [`CubeTuning::DEFAULT`] per the measured figures.
+/// the per-tile defaults ([`CubeTuning::default_for`]) per the measured figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CubeTuning {
     /// Threads that share one output row (they stride along it together); at least
@@ -75,10 +76,12 @@ impl CubeTuning {
         vector: 4,
     };
 
-    /// Three to eight rows: eight rows per thread reuse each loaded activation twice as often
-    /// as [`Self::DEFAULT`], and 2-word loads keep a warp's activation loads half as scattered
-    /// (H200, `benches/results/h200/wide/`: T = 4 0.556 ms against 0.67, T = 8 0.779 against
-    /// 1.49). Twelve rows ran T = 8 1.3 % faster but took 7-8 s to compile its shader at T = 8
+    /// Three or more activation rows (tiles of up to [`TILE`]): eight output rows per thread
+    /// reuse each loaded activation twice as often as [`Self::DEFAULT`], and 2-word loads keep
+    /// a warp's activation loads half as scattered (H200, `benches/results/h200/wide/`: T = 4
+    /// 0.556 ms against 0.67, T = 8 0.779 against 1.49; T = 3 and 5-7 were not measured and
+    /// take this shape by interpolation). Twelve output rows ran T = 8 1.3 % faster, but its
+    /// first T = 8 launch spent 7-11 s compiling the shader (arm spans, compile included)
     /// against ~1 s for this one.
     pub const WIDE: CubeTuning = CubeTuning {
         lanes: 32,
@@ -500,10 +503,13 @@ fn run(
     );
     let tile = t.min(TILE);
     let tuning = cube_tuning(tile);
-    let n = [4, 2, 1]
-        .into_iter()
-        .find(|&n| n <= tuning.vector && inp.is_multiple_of(4 * n))
-        .unwrap_or(1);
+    let n = if tuning.vector >= 4 && inp.is_multiple_of(16) {
+        4
+    } else if tuning.vector >= 2 && inp.is_multiple_of(8) {
+        2
+    } else {
+        1
+    };
     let words = inp / (4 * n);
     let rows_per_cube = tuning.groups * tuning.rows;
     let count = CubeCount::Static(
@@ -573,12 +579,27 @@ mod tests {
         for tile in 0..=TILE + 1 {
             assert!(CubeTuning::default_for(tile).valid(), "tile {tile}");
         }
-        assert!(
-            !CubeTuning {
-                vector: 3,
-                ..CubeTuning::DEFAULT
-            }
-            .valid()
-        );
+    }
+
+    /// The only test in this binary that touches the process-wide shape; no unit test
+    /// launches a kernel.
+    #[test]
+    fn an_override_applies_to_every_t_and_reset_restores_the_per_tile_defaults() {
+        let narrow = [1, 2].map(|t| (t, CubeTuning::DEFAULT));
+        let wide = [3, 8, 100].map(|t| (t, CubeTuning::WIDE));
+        for (t, want) in narrow.into_iter().chain(wide) {
+            assert_eq!(cube_tuning(t), want, "T = {t}");
+        }
+        let other = CubeTuning {
+            lanes: 16,
+            ..CubeTuning::DEFAULT
+        };
+        assert!(set_cube_tuning(other));
+        for t in [1, 2, 3, 8, 100] {
+            assert_eq!(cube_tuning(t), other, "T = {t}");
+        }
+        reset_cube_tuning();
+        assert_eq!(cube_tuning(1), CubeTuning::DEFAULT);
+        assert_eq!(cube_tuning(8), CubeTuning::WIDE);
     }
 }
