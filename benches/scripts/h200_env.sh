@@ -22,8 +22,12 @@ for f in "$bin"/*.xz; do
 done
 section() { echo; echo "==== $* ($(date -u +%T))"; } >> "$log"
 run() { local name="$1"; shift; section "$name: $*"; "$@" >> "$log" 2>&1; echo "exit $?" >> "$log"; }
-# Samples the SM clock, power and utilization every 50 ms into $out/smi.csv until `kill $smi`.
+# Samples the GPU every 50 ms into $out/smi.csv (fields: $1, default the SM clock, power and
+# utilization) until `stop_clock`, or until the script exits, whatever ends it.
 sample_clock() {
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv -lms 50 > "$out/smi.csv" 2>&1 &
+  nvidia-smi --query-gpu="${1:-timestamp,clocks.sm,power.draw,utilization.gpu}" --format=csv -lms 50 \
+    > "$out/smi.csv" 2>&1 &
   smi=$!
+  trap 'kill $smi 2>/dev/null' EXIT
 }
+stop_clock() { kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null; }

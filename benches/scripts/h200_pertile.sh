@@ -7,7 +7,8 @@
 # while the host compiles a shader), which swings the compute-bound T >= 4 arms by up to 3x and
 # leaves the memory-bound read arm alone. So nvidia-smi samples the clock every 50 ms
 # throughout; the arms run in three alternating rounds (no Fusion, Fusion, PyTorch), and once
-# more with ten passes per sync (the GPU busy without gaps). The q8 kernel tests run first on
+# more with ten passes per sync (the GPU busy without gaps). `ROUNDS="1 2"` runs two rounds
+# (what produced benches/results/h200/pertile/). The q8 kernel tests run first on
 # the vulkan backend. Binaries: `gemv-vulkan-nofusion.xz`, `gemv-vulkan.xz`,
 # `q8_wgpu-vulkan.xz`. One archive under $OUT.
 #
@@ -31,5 +32,5 @@ for round in ${ROUNDS:-1 2 3}; do
 done
 run "ten passes per sync" "$work/gemv-vulkan-nofusion" --device vulkan --store "$store" --arms read,q8 \
   --t-sweep 1,2,4,8 --passes 40 --per-sync 10 --device-time --json "$out/persync10.json"
-kill $smi
+stop_clock
 (cd "$out" && tar czf pertile.tgz ./*.json smi.csv "$(basename "$log")" && rm -f ./*.json smi.csv)

@@ -18,5 +18,5 @@ for round in 1 2; do
   run "T = 4, 8 shapes, process $round" "$work/gemv-vulkan-nofusion" --device vulkan --store "$store" \
     --arms q8 --t-sweep 4,8 --passes 40 --tunings "$TUNINGS" --device-time --json "$out/wide-r$round.json"
 done
-kill $smi
+stop_clock
 (cd "$out" && tar czf wide.tgz ./*.json smi.csv "$(basename "$log")" && rm -f ./*.json smi.csv)
