@@ -5,7 +5,7 @@
 # The T-sweeps (h200_tsweep.sh, h200_tdiag.sh) found the GPU's SM clock moving between 345 and
 # 1980 MHz under this benchmark's load (one pass, then a sync: the GPU idles between passes and
 # while the host compiles a shader), which swings the compute-bound T >= 4 arms by up to 3x and
-# leaves the memory-bound read arm alone. So nvidia-smi samples the clock every 50 ms
+# the memory-bound read arm far less. So nvidia-smi samples the clock every 50 ms
 # throughout; the arms run in three alternating rounds (no Fusion, Fusion, PyTorch), and once
 # more with ten passes per sync (the GPU busy without gaps). `ROUNDS="1 2"` runs two rounds
 # (what produced benches/results/h200/pertile/). The q8 kernel tests run first on

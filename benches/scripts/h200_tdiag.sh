@@ -5,7 +5,8 @@
 # between its two rounds, and passes within one arm that ranged 1.8-8 ms. This repeats shapes
 # inside one process and across two processes, with the device's per-pass min/max, while
 # nvidia-smi samples the SM and memory clocks, power, utilization and throttle reasons every
-# 50 ms (and lists the GPU's other processes once, at the start). Binary: `gemv-vulkan-nofusion.xz`. One archive under $OUT.
+# 50 ms (and lists the GPU's other processes once, at the start). Binary:
+# `gemv-vulkan-nofusion.xz`. One archive under $OUT.
 #
 #   bash benches/scripts/h200_tdiag.sh
 set -u

@@ -6,9 +6,9 @@
 //! and more until `--warmup-ms` (200) have passed since the first (which compiles), are
 //! discarded (a GPU drops its clock while the host compiles a shader, and compute-bound arms
 //! measured before it climbs back ran up to 3x slow on the H200), then `--passes` (30) are
-//! timed one by one; the report gives the median and the
-//! min/max. GB/s counts each arm's weight bytes once per pass (int8 values + f16 scales for
-//! q8, 4 or 2 bytes per weight for the float arms).
+//! timed one by one; the report gives the median and the min/max. GB/s counts each arm's
+//! weight bytes once per pass (int8 values + f16 scales for q8, 4 or 2 bytes per weight for
+//! the float arms).
 //!
 //! Arms, all in one run: `read` (every weight byte read once, XOR, same threads or stream:
 //! the ceiling), `q8` at every `T` of `--t-sweep` (1,2,4,8), Burn's float matmul `f32`
@@ -186,7 +186,7 @@ fn describe(dev: &Device) -> String {
 /// or `default`: `--tunings` on a CubeCL device, else `default` (`None` on the host).
 fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
     #[cfg(feature = "wgpu")]
-    if matches!(dev.as_dispatch(), burn::backend::DispatchDevice::Cube(_)) {
+    if on_cube(dev) {
         if a.tunings.is_empty() {
             return Ok(vec![Some("default".into())]);
         }
@@ -239,21 +239,20 @@ fn apply_tuning(spec: &str) -> Result<()> {
     bail!("--tunings `{spec}` needs a CubeCL device")
 }
 
-/// The launch shape a `t`-row product uses now, as six numbers (the read kernel: `t = 1`).
-fn shape_label(t: usize) -> Option<String> {
+#[cfg(feature = "wgpu")]
+fn on_cube(dev: &Device) -> bool {
+    matches!(dev.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+}
+
+/// The launch shape a `t`-row product uses now on `dev` (the read kernel: `t = 1`); `None` off
+/// CubeCL devices, whose kernels have no shape.
+fn shape_label(dev: &Device, t: usize) -> Option<String> {
     #[cfg(feature = "wgpu")]
-    {
-        let s = burn_mapped::q8::cube_tuning(t.max(1));
-        Some(format!(
-            "{}.{}.{}.{}.{}.{}",
-            s.lanes, s.groups, s.rows, s.unroll, s.read_unroll, s.vector
-        ))
+    if on_cube(dev) {
+        return Some(burn_mapped::q8::cube_tuning(t.max(1)).to_string());
     }
-    #[cfg(not(feature = "wgpu"))]
-    {
-        let _ = t;
-        None
-    }
+    let _ = (dev, t);
+    None
 }
 
 struct Rng(u64);
@@ -367,6 +366,16 @@ struct Timing<'a> {
     sync: &'a dyn Fn() -> Result<()>,
     tuning: Option<String>,
     profile: Option<&'a Device>,
+}
+
+impl Timing<'_> {
+    /// The same timing, labelled with the launch shape a `t`-row product runs on `dev`.
+    fn shaped(&self, dev: &Device, t: usize) -> Self {
+        Timing {
+            tuning: shape_label(dev, t),
+            ..self.clone()
+        }
+    }
 }
 
 /// Polls `f` to completion on this thread (Burn's profile results are futures; the device
@@ -647,11 +656,6 @@ fn main() -> Result<()> {
                 tuning: None,
                 profile: a.device_time.then_some(&dev),
             };
-            // Each arm is labelled with the shape it ran (the per-`T` default or the override).
-            let shaped = |t: usize| Timing {
-                tuning: tuning.as_ref().and_then(|_| shape_label(t)),
-                ..timing.clone()
-            };
             if a.arms.iter().any(|s| s == "read") {
                 arms.push(measure(
                     "read",
@@ -659,7 +663,7 @@ fn main() -> Result<()> {
                     a.matrices,
                     value_bytes,
                     &a,
-                    &shaped(1),
+                    &timing.shaped(&dev, 1),
                     || Ok(weights.iter().map(read_weight).collect::<Vec<_>>()),
                 )?);
             }
@@ -672,7 +676,7 @@ fn main() -> Result<()> {
                         a.matrices,
                         q8_bytes,
                         &a,
-                        &shaped(t),
+                        &timing.shaped(&dev, t),
                         || {
                             Ok(weights
                                 .iter()
@@ -697,10 +701,7 @@ fn main() -> Result<()> {
                 a.matrices,
                 value_bytes,
                 &a,
-                &Timing {
-                    tuning: shape_label(1),
-                    ..timing.clone()
-                },
+                &timing.shaped(&dev, 1),
                 || {
                     // SAFETY: the graph reads the weights and writes its own outputs, all alive
                     // until the end of `main`; nothing else uses them meanwhile, and every replay
@@ -735,10 +736,7 @@ fn main() -> Result<()> {
                 unsafe { graph.replay() };
                 Ok(())
             };
-            let shaped = Timing {
-                tuning: shape_label(t),
-                ..timing.clone()
-            };
+            let shaped = timing.shaped(&dev, t);
             arms.push(measure(
                 "q8graph", t, a.matrices, q8_bytes, &a, &shaped, replay,
             )?);

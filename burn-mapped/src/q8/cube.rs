@@ -116,11 +116,13 @@ impl CubeTuning {
     }
 }
 
+/// `lanes.groups.rows.unroll.read_unroll.vector`: the form the benchmark's `--tunings` reads,
+/// so a shape printed in a result can be passed back.
 impl std::fmt::Display for CubeTuning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "l{}g{}r{}u{}/ru{}/v{}",
+            "{}.{}.{}.{}.{}.{}",
             self.lanes, self.groups, self.rows, self.unroll, self.read_unroll, self.vector
         )
     }
