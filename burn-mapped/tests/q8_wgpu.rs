@@ -19,8 +19,8 @@ mod q8_common;
 
 use burn::tensor::{DType, Device, DeviceType, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    CubeTuning, Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight,
-    reset_cube_tuning, set_cube_tuning, set_poison_outputs,
+    CubeTuning, MmaTuning, Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight,
+    reset_cube_tuning, set_cube_tuning, set_mma_tuning, set_poison_outputs, tensor_cores,
 };
 use q8_common::{Rng, assert_close, reference, xor_words};
 
@@ -138,19 +138,22 @@ fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
     }
 }
 
+/// Puts the per-tile defaults back however a test that sets a launch shape ends, for the
+/// tests that run after it.
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        reset_cube_tuning();
+    }
+}
+
 /// Every launch shape is a correct kernel, not just the default: odd lane counts, row and
 /// unroll counts that leave remainders, one thread per cube. The shape is process-wide, so
 /// the other tests may run under any of these too (they must pass under every one).
 #[test]
 fn every_launch_shape_matches_the_f64_reference() {
     let Some(device) = gpu() else { return };
-    /// Puts the default back however the test ends, for the tests that run after it.
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            reset_cube_tuning();
-        }
-    }
     let _restore = Restore;
     assert!(!set_cube_tuning(CubeTuning {
         lanes: 4,
@@ -206,6 +209,79 @@ fn every_launch_shape_matches_the_f64_reference() {
             let partials: Vec<u32> = read_weight(w).into_data().try_to_vec().unwrap();
             let x = partials.iter().fold(0, |x, p| x ^ p);
             assert_eq!(x, xor_words(q), "{API} {tuning} read [{out}, {inp}]");
+        }
+    }
+}
+
+/// The tensor-core kernel (devices with f16 cooperative matrices; none in CI, whose lavapipe
+/// has no such fragments, so there this test only checks that none were reported) at every
+/// `T` and several shapes: one and two row blocks per plane, one to eight planes per row
+/// (more planes than a short row has chunks leaves some summing padding), chunks of two to
+/// eight steps (one with two row blocks). Activation rows span magnitudes far past f16's range (1e6) and below its
+/// normal range (1e-9), which the per-row scaling must absorb.
+#[test]
+fn every_tensor_core_shape_matches_the_f64_reference() {
+    let Some(device) = gpu() else { return };
+    let _restore = Restore;
+    if !tensor_cores(&device) {
+        eprintln!("{API}: no f16 cooperative matrices on this adapter: tensor-core path not run");
+        assert!(!set_mma_tuning(MmaTuning {
+            chunk: 0,
+            ..MmaTuning::DEFAULT
+        }));
+        return;
+    }
+    let mut rng = Rng::fresh();
+    // Rows of 64, 96, 16, 1040 and 7168 bytes (the protocol's), all multiples of the 16-byte
+    // loads the kernel needs, and one of 52, which takes the FMA kernel instead.
+    let shapes = [
+        (37, 64),
+        (70, 96),
+        (1, 16),
+        (33, 1040),
+        (45, 7168),
+        (19, 52),
+    ];
+    let weights: Vec<_> = shapes
+        .iter()
+        .map(|&(out, inp)| weight(&mut rng, out, inp, &device))
+        .collect();
+    for (blocks, splits, chunk) in [
+        (2, 4, 4),
+        (2, 1, 1),
+        (1, 3, 2),
+        (2, 8, 2),
+        (1, 8, 8),
+        (2, 2, 8),
+    ] {
+        let tuning = MmaTuning {
+            blocks,
+            splits,
+            chunk,
+        };
+        assert!(set_mma_tuning(tuning), "{tuning}");
+        for ((out, inp), (q, s, w)) in shapes.iter().copied().zip(&weights) {
+            for t in (1..=8).chain([11]) {
+                let mut x = rng.vec_nonzero(t * inp);
+                // Row 1 (where there is one) huge, row 2 tiny.
+                for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
+                    if row < t {
+                        x[row * inp..(row + 1) * inp]
+                            .iter_mut()
+                            .for_each(|v| *v *= factor);
+                    }
+                }
+                let b = rng.vec_nonzero(out);
+                for bias in [None, Some(b.as_slice())] {
+                    let got = run(&x, w, bias, t, &device);
+                    let want = reference(&x, q, s, bias, t, out, inp);
+                    let ctx = format!(
+                        "{API} {tuning} [{out}, {inp}] T={t} bias={}",
+                        bias.is_some()
+                    );
+                    assert_close(&got, &want, out, &ctx);
+                }
+            }
         }
     }
 }

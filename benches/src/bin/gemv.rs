@@ -35,9 +35,10 @@
 //! Arms `readgraph` and `q8graph` (CubeCL devices) capture one pass with Burn's graph capture and
 //! time replays of it (each + one sync), `q8graph` at every `T` of `--t-sweep`.
 //! `--tunings` (CubeCL devices) measures the
-//! read and q8 arms once per kernel launch shape `lanes.groups.rows.unroll.read_unroll[.vector]`
-//! (see `burn_mapped::q8::CubeTuning`; `default` is the per-`T` defaults). Each GPU arm
-//! reports the shape it ran as the six numbers.
+//! read and q8 arms once per kernel launch shape: `lanes.groups.rows.unroll.read_unroll[.vector]`
+//! for the FMA kernel at every `T` (see `burn_mapped::q8::CubeTuning`), `mma.blocks.splits.chunk`
+//! for the tensor-core kernel at every `T` where the device has one (`burn_mapped::q8::MmaTuning`),
+//! `default` for the per-`T` defaults. Each GPU arm reports the kernel and shape it ran.
 //!
 //! The wgpu device (WGSL, or SPIR-V where wgpu settles on Vulkan and `vulkan` is built in)
 //! needs `--features wgpu`; the vulkan device (Burn's `vulkan` backend: wgpu pinned to
@@ -190,11 +191,11 @@ fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
         if a.tunings.is_empty() {
             return Ok(vec![Some("default".into())]);
         }
+        // Every shape is checked (set, then reset) before anything is measured.
         for spec in &a.tunings {
-            if spec != "default" {
-                parse_tuning(spec)?;
-            }
+            apply_tuning(spec)?;
         }
+        burn_mapped::q8::reset_cube_tuning();
         return Ok(a.tunings.iter().cloned().map(Some).collect());
     }
     let _ = dev;
@@ -205,7 +206,22 @@ fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
 }
 
 #[cfg(feature = "wgpu")]
-fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeTuning> {
+fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeLaunch> {
+    use burn_mapped::q8::{CubeLaunch, MmaTuning};
+    if let Some(rest) = spec.strip_prefix("mma.") {
+        let v = rest
+            .split('.')
+            .map(|s| s.parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .filter(|v| v.len() == 3)
+            .with_context(|| format!("--tunings: `{spec}` is not mma.blocks.splits.chunk"))?;
+        return Ok(CubeLaunch::Mma(MmaTuning {
+            blocks: v[0],
+            splits: v[1],
+            chunk: v[2],
+        }));
+    }
     let v = spec
         .split('.')
         .map(|s| s.parse::<usize>())
@@ -215,22 +231,31 @@ fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeTuning> {
         .with_context(|| {
             format!("--tunings: `{spec}` is not lanes.groups.rows.unroll.read_unroll[.vector]")
         })?;
-    Ok(burn_mapped::q8::CubeTuning {
+    Ok(CubeLaunch::Fma(burn_mapped::q8::CubeTuning {
         lanes: v[0],
         groups: v[1],
         rows: v[2],
         unroll: v[3],
         read_unroll: v[4],
         vector: v.get(5).copied().unwrap_or(4),
-    })
+    }))
 }
 
 fn apply_tuning(spec: &str) -> Result<()> {
     #[cfg(feature = "wgpu")]
     {
-        if spec == "default" {
-            burn_mapped::q8::reset_cube_tuning();
-        } else if !burn_mapped::q8::set_cube_tuning(parse_tuning(spec)?) {
+        use burn_mapped::q8::{CubeLaunch, reset_cube_tuning, set_cube_tuning, set_mma_tuning};
+        let set = match spec {
+            "default" => {
+                reset_cube_tuning();
+                true
+            }
+            _ => match parse_tuning(spec)? {
+                CubeLaunch::Fma(t) => set_cube_tuning(t),
+                CubeLaunch::Mma(t) => set_mma_tuning(t),
+            },
+        };
+        if !set {
             bail!("--tunings: `{spec}` is not a shape the kernels can run");
         }
         Ok(())
@@ -244,12 +269,17 @@ fn on_cube(dev: &Device) -> bool {
     matches!(dev.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
 }
 
-/// The launch shape a `t`-row product uses now on `dev` (the read kernel: `t = 1`); `None` off
-/// CubeCL devices, whose kernels have no shape.
+/// The kernel and launch shape a `t`-row product uses now on `dev` (`t = 0`: the read
+/// kernel, whose one field comes from the FMA shape of `t = 1`); `None` off CubeCL devices,
+/// whose kernels have no shape.
 fn shape_label(dev: &Device, t: usize) -> Option<String> {
     #[cfg(feature = "wgpu")]
     if on_cube(dev) {
-        return Some(burn_mapped::q8::cube_tuning(t.max(1)).to_string());
+        use burn_mapped::q8::{cube_launch, cube_tuning, tensor_cores};
+        return Some(match t {
+            0 => cube_tuning(1).to_string(),
+            t => cube_launch(t, tensor_cores(dev)).to_string(),
+        });
     }
     let _ = (dev, t);
     None
@@ -369,7 +399,8 @@ struct Timing<'a> {
 }
 
 impl Timing<'_> {
-    /// The same timing, labelled with the launch shape a `t`-row product runs on `dev`.
+    /// The same timing, labelled with the launch shape a `t`-row product (`t = 0`: the read
+    /// kernel) runs on `dev`.
     fn shaped(&self, dev: &Device, t: usize) -> Self {
         Timing {
             tuning: shape_label(dev, t),
@@ -663,7 +694,7 @@ fn main() -> Result<()> {
                     a.matrices,
                     value_bytes,
                     &a,
-                    &timing.shaped(&dev, 1),
+                    &timing.shaped(&dev, 0),
                     || Ok(weights.iter().map(read_weight).collect::<Vec<_>>()),
                 )?);
             }
@@ -701,7 +732,7 @@ fn main() -> Result<()> {
                 a.matrices,
                 value_bytes,
                 &a,
-                &timing.shaped(&dev, 1),
+                &timing.shaped(&dev, 0),
                 || {
                     // SAFETY: the graph reads the weights and writes its own outputs, all alive
                     // until the end of `main`; nothing else uses them meanwhile, and every replay

@@ -35,6 +35,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::mma::{self, MmaTuning};
 use super::ops::Q8Backend;
 
 /// Activation rows per pass over the weights.
@@ -128,39 +129,100 @@ impl std::fmt::Display for CubeTuning {
     }
 }
 
-/// The launch shape set by [`set_cube_tuning`] for every product, or `None` for the
-/// per-tile defaults.
-static TUNING: std::sync::RwLock<Option<CubeTuning>> = std::sync::RwLock::new(None);
+/// Which kernel a product launches, and its shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CubeLaunch {
+    /// The FMA kernel (every CubeCL device).
+    Fma(CubeTuning),
+    /// The tensor-core kernel (devices with f16 cooperative matrices; see [`MmaTuning`]).
+    Mma(MmaTuning),
+}
 
-/// Sets the launch shape of later q8 launches in this process, for every `T`; returns `false`
-/// (and changes nothing) for a shape the kernels cannot run: fewer than [`TILE`] lanes,
-/// `lanes * groups` over 256 threads, `rows`, `unroll` or `read_unroll` outside 1..=16, or
-/// `vector` not 1, 2 or 4.
+/// The shape's own form (`lanes.groups.rows.unroll.read_unroll.vector` or
+/// `mma.blocks.splits.chunk`), which the benchmark's `--tunings` reads back.
+impl std::fmt::Display for CubeLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CubeLaunch::Fma(t) => t.fmt(f),
+            CubeLaunch::Mma(t) => t.fmt(f),
+        }
+    }
+}
+
+/// The launch set by [`set_cube_tuning`] or [`set_mma_tuning`] for every product, or `None`
+/// for the per-tile defaults.
+static OVERRIDE: std::sync::RwLock<Option<CubeLaunch>> = std::sync::RwLock::new(None);
+
+fn set_override(launch: Option<CubeLaunch>) {
+    *OVERRIDE.write().unwrap_or_else(|e| e.into_inner()) = launch;
+}
+
+fn get_override() -> Option<CubeLaunch> {
+    *OVERRIDE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets the FMA kernel and its launch shape for later q8 launches in this process, for every
+/// `T`, tensor cores or not; returns `false` (and changes nothing) for a shape the kernels
+/// cannot run: fewer than [`TILE`] lanes, `lanes * groups` over 256 threads, `rows`, `unroll`
+/// or `read_unroll` outside 1..=16, or `vector` not 1, 2 or 4.
 pub fn set_cube_tuning(tuning: CubeTuning) -> bool {
     if !tuning.valid() {
         return false;
     }
-    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = Some(tuning);
+    set_override(Some(CubeLaunch::Fma(tuning)));
     true
 }
 
-/// Returns later launches to the per-tile defaults ([`CubeTuning::default_for`]).
-pub fn reset_cube_tuning() {
-    *TUNING.write().unwrap_or_else(|e| e.into_inner()) = None;
+/// Opts later q8 launches in this process into the tensor-core kernel with this shape, for
+/// every `T`, where it runs (f16 cooperative matrices, planes of 32, `in % 16 == 0`, the
+/// shape's shared memory within the device's; other products keep their per-tile FMA
+/// defaults); returns `false` (and changes nothing) for a shape outside [`MmaTuning`]'s
+/// ranges or over 48 KiB of shared memory. Not yet run on hardware: see [`MmaTuning`].
+pub fn set_mma_tuning(tuning: MmaTuning) -> bool {
+    if !tuning.valid() {
+        return false;
+    }
+    set_override(Some(CubeLaunch::Mma(tuning)));
+    true
 }
 
-/// The launch shape a product with `t` activation rows uses now (the read kernel uses that
-/// of `t = 1`).
+/// Returns later launches to the per-tile defaults ([`cube_launch`]).
+pub fn reset_cube_tuning() {
+    set_override(None);
+}
+
+/// The FMA launch shape a product with `t` activation rows uses now, where it takes the FMA
+/// kernel (the read kernel uses that of `t = 1`).
 pub fn cube_tuning(t: usize) -> CubeTuning {
-    TUNING
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .unwrap_or(CubeTuning::default_for(t.clamp(1, TILE)))
+    match get_override() {
+        Some(CubeLaunch::Fma(tuning)) => tuning,
+        _ => CubeTuning::default_for(t.clamp(1, TILE)),
+    }
+}
+
+/// What a product with `t` activation rows launches now where the tensor-core kernel can
+/// run or cannot (`tensor_cores`: see [`set_mma_tuning`]): the override if one is set and
+/// applies, else the FMA kernel's per-tile default.
+pub fn cube_launch(t: usize, tensor_cores: bool) -> CubeLaunch {
+    match get_override() {
+        Some(CubeLaunch::Mma(m)) if tensor_cores => CubeLaunch::Mma(m),
+        Some(CubeLaunch::Fma(f)) => CubeLaunch::Fma(f),
+        _ => CubeLaunch::Fma(CubeTuning::default_for(t.clamp(1, TILE))),
+    }
+}
+
+/// Whether `device` is a CubeCL device whose client offers the tensor-core kernel's
+/// fragments (16x16x16, f16 inputs, f32 accumulator, planes of 32).
+pub fn tensor_cores(device: &burn::tensor::Device) -> bool {
+    match device.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(d) => mma::available(&d.client()),
+        _ => false,
+    }
 }
 
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
 #[cube]
-fn f16_bits_to_f32(h: u32) -> f32 {
+pub(super) fn f16_bits_to_f32(h: u32) -> f32 {
     let sign = (h >> 15) & 1;
     let exp = (h >> 10) & 31;
     let man = h & 1023;
@@ -504,7 +566,20 @@ fn run(
         "q8_matmul: empty operands are handled by q8_linear"
     );
     let tile = t.min(TILE);
-    let tuning = cube_tuning(tile);
+    let tensor_cores = mma::fits(inp) && mma::available(&client);
+    let launch = match cube_launch(tile, tensor_cores) {
+        CubeLaunch::Mma(m) if !mma::fits_shared(&client, &m) => {
+            CubeLaunch::Fma(CubeTuning::default_for(tile))
+        }
+        launch => launch,
+    };
+    let tuning = match launch {
+        CubeLaunch::Mma(m) => {
+            mma::run(&x, &values, &scales, bias.as_ref(), &y, m);
+            return CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32);
+        }
+        CubeLaunch::Fma(tuning) => tuning,
+    };
     let n = if tuning.vector >= 4 && inp.is_multiple_of(16) {
         4
     } else if tuning.vector >= 2 && inp.is_multiple_of(8) {
@@ -581,6 +656,7 @@ mod tests {
         for tile in 0..=TILE + 1 {
             assert!(CubeTuning::default_for(tile).valid(), "tile {tile}");
         }
+        assert!(MmaTuning::DEFAULT.valid());
     }
 
     /// The only test in this binary that touches the process-wide shape; no unit test
@@ -591,6 +667,10 @@ mod tests {
         let wide = [3, 8, 100].map(|t| (t, CubeTuning::WIDE));
         for (t, want) in narrow.into_iter().chain(wide) {
             assert_eq!(cube_tuning(t), want, "T = {t}");
+            // The tensor-core kernel is opt-in: no default takes it.
+            for cores in [false, true] {
+                assert_eq!(cube_launch(t, cores), CubeLaunch::Fma(want), "T = {t}");
+            }
         }
         let other = CubeTuning {
             lanes: 16,
@@ -599,9 +679,29 @@ mod tests {
         assert!(set_cube_tuning(other));
         for t in [1, 2, 3, 8, 100] {
             assert_eq!(cube_tuning(t), other, "T = {t}");
+            assert_eq!(cube_launch(t, true), CubeLaunch::Fma(other), "T = {t}");
+        }
+        let mma = MmaTuning {
+            blocks: 1,
+            ..MmaTuning::DEFAULT
+        };
+        assert!(set_mma_tuning(mma));
+        assert!(!set_mma_tuning(MmaTuning { chunk: 9, ..mma }));
+        assert!(!set_mma_tuning(MmaTuning { chunk: 1, ..mma }));
+        assert!(!set_mma_tuning(MmaTuning {
+            blocks: 2,
+            splits: 8,
+            chunk: 8
+        }));
+        for t in [1, 2, 3, 8, 100] {
+            assert_eq!(cube_launch(t, true), CubeLaunch::Mma(mma), "T = {t}");
+            let fma = CubeTuning::default_for(t.clamp(1, TILE));
+            assert_eq!(cube_launch(t, false), CubeLaunch::Fma(fma), "T = {t}");
+            assert_eq!(cube_tuning(t), fma, "T = {t}");
         }
         reset_cube_tuning();
         assert_eq!(cube_tuning(1), CubeTuning::DEFAULT);
         assert_eq!(cube_tuning(8), CubeTuning::WIDE);
+        assert_eq!(cube_launch(8, true), CubeLaunch::Fma(CubeTuning::WIDE));
     }
 }

@@ -33,12 +33,16 @@
 //!   The int8 buffer is read as 32-bit words, four values each, so `in` must be a multiple of
 //!   4 on a GPU ([`Q8Error::GpuPacking`] otherwise). Up to 8 activation rows share a pass;
 //!   more take `ceil(T / 8)` passes in one dispatch. With the `fusion` feature the op is a
-//!   custom operation in Burn's fusion stream.
+//!   custom operation in Burn's fusion stream. A second CubeCL kernel, on tensor cores
+//!   (f16 cooperative matrices, SPIR-V), is opt-in through [`set_mma_tuning`] until it has
+//!   run on such a device ([`MmaTuning`]).
 
 mod cpu;
 #[cfg(feature = "wgpu")]
 mod cube;
 mod error;
+#[cfg(feature = "wgpu")]
+mod mma;
 mod ops;
 mod quantize;
 mod store;
@@ -48,8 +52,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use cpu::{TILE_T as CPU_TILE_T, cpu_kernel_name, cpu_threads, set_cpu_threads};
 #[cfg(feature = "wgpu")]
-pub use cube::{CubeTuning, TILE as GPU_TILE_T, cube_tuning, reset_cube_tuning, set_cube_tuning};
+pub use cube::{
+    CubeLaunch, CubeTuning, TILE as GPU_TILE_T, cube_launch, cube_tuning, reset_cube_tuning,
+    set_cube_tuning, set_mma_tuning, tensor_cores,
+};
 pub use error::Q8Error;
+#[cfg(feature = "wgpu")]
+pub use mma::MmaTuning;
 pub use ops::{Q8Backend, READ_PARTIALS, q8_linear, read_weight};
 pub use quantize::{Q8_MAX, Q8Builder, Q8Rows, dequantize_rows, quantize_rows, relative_error};
 pub(crate) use store::add_q8;

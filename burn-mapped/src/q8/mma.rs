@@ -1,0 +1,492 @@
+//! The q8 product on tensor cores, through CubeCL's cooperative matrices (`cmma`), for devices
+//! that offer 16x16x16 f16 x f16 -> f32 fragments (Vulkan's `VK_KHR_cooperative_matrix` on
+//! SPIR-V; WGSL has none, so the wgpu backend never takes this path).
+//!
+//! Why: from three or so activation rows on, the FMA kernel ([`super::cube`]) is bound by
+//! arithmetic (eight f32 FMAs per weight at `T = 8`) rather than by the weights' bytes. Here
+//! each int8 weight is widened to f16 once, in registers, and tensor cores do the products.
+//!
+//! Exactness: an int8 value is exact in f16. Each activation row is scaled by a power of two
+//! (its largest magnitude lands in `[2^14, 2^15)`, so f16 cannot overflow) and split into a
+//! high f16 part and the f16 rounding of the remainder: together they carry ~22 significant
+//! bits, and the products are accumulated in f32. The B operand's 16 columns hold the tile's
+//! 8 high halves and then its 8 low halves, so one fragment product yields both and the
+//! kernel adds them at the end: `T <= 8` costs one tensor-core product per 16x16 block of
+//! weights.
+//!
+//! Opt-in ([`super::set_mma_tuning`]) until it has run on a device that has such fragments:
+//! it was written in a session that was lent none (see [`MmaTuning`]).
+//!
+//! Two launches per product: [`split_kernel`] (activations to the B layout, a few hundred KB
+//! at most) and [`mma_kernel`], both on the activation tensor's client, so both are ordered
+//! on Burn's stream with no host synchronization.
+//!
+//! Widening: with the sign bits flipped a byte is `u = value + 128`; the f16 bits
+//! `0x6400 | u` are `1024 + u`, so subtracting 1152 leaves `value`, exactly. Masking a word
+//! with `0x00FF_00FF` widens its even bytes into an f16 pair, shifting it first its odd ones;
+//! done on a 16-byte load at once, that gives the 16 weights' even positions as one 16-byte
+//! store and the odd ones as another. So within each group of 16 the f16 tile holds the
+//! weights in the order 0, 2, .., 14, 1, 3, .., 15, and [`split_kernel`] lays the activations
+//! out in that same order. The kernel needs `in % 16 == 0` (16-byte loads); other widths
+//! take the FMA kernel.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::client::Client;
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use half::f16;
+
+use super::cube::{TILE, f16_bits_to_f32};
+
+/// Columns of the B operand per tile: the high halves, then the low halves.
+const COLS: usize = 2 * TILE;
+
+/// Edge of a fragment (M = N = K = 16).
+const FRAG: usize = 16;
+
+/// Threads per cube of the split kernel (the reduction below is written for 256).
+const SPLIT_THREADS: usize = 256;
+
+/// Shared memory a cube may use (Vulkan guarantees 16 KiB; NVIDIA's drivers give 48 KiB).
+const SHARED_BYTES: usize = 48 * 1024;
+
+/// Launch shape of the tensor-core kernel; every field is a compile-time constant.
+///
+/// The kernel is opt-in ([`set_mma_tuning`](super::set_mma_tuning)): it was written in a
+/// session that was lent no tensor-core device, so it has not yet run on one; the tests
+/// (`every_tensor_core_shape_matches_the_f64_reference`) and `benches/scripts/h200_mma.sh`
+/// check and measure it where one is. Until they have, no product takes it by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmaTuning {
+    /// Blocks of 16 output rows per plane (1 or 2): each B fragment serves this many.
+    pub blocks: usize,
+    /// Planes per cube, each summing its own share of the row's length (1 to 8).
+    pub splits: usize,
+    /// 16-wide steps along the row per load round (1 to 8): 16 bytes per row per step.
+    pub chunk: usize,
+}
+
+impl MmaTuning {
+    /// A starting point (26 KiB of shared memory, 2 x 16 rows per plane, 4 planes per cube);
+    /// not yet ranked on hardware.
+    pub const DEFAULT: MmaTuning = MmaTuning {
+        blocks: 2,
+        splits: 4,
+        chunk: 4,
+    };
+
+    pub(super) fn valid(&self) -> bool {
+        (1..=2).contains(&self.blocks)
+            && (1..=8).contains(&self.splits)
+            && (1..=8).contains(&self.chunk)
+            // A plane's 16-byte loads of a chunk divide evenly over its 32 lanes.
+            && (self.blocks * self.chunk).is_multiple_of(2)
+            && self.shared_bytes() <= SHARED_BYTES
+    }
+
+    /// 16-byte units (eight f16) per row of a plane's widened tile: a chunk plus one of
+    /// padding, so the rows a fragment load reads do not all start in the same bank.
+    fn row_units(&self) -> usize {
+        2 * self.chunk + 1
+    }
+
+    fn shared_bytes(&self) -> usize {
+        let a = self.splits * self.blocks * FRAG * self.row_units() * 16;
+        let c = self.splits * self.blocks * FRAG * FRAG * 4;
+        a + c
+    }
+}
+
+/// `mma.blocks.splits.chunk`: the form the benchmark's `--tunings` reads.
+impl std::fmt::Display for MmaTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "mma.{}.{}.{}", self.blocks, self.splits, self.chunk)
+    }
+}
+
+/// Whether the tensor-core kernel runs a row of `inp` values (16-byte loads).
+pub(super) fn fits(inp: usize) -> bool {
+    inp.is_multiple_of(FRAG)
+}
+
+/// Whether `client` offers the 16x16x16 f16 fragments with an f32 accumulator, in planes of
+/// 32 (a cube's row of 32 units is one plane in the kernel's layout).
+pub(super) fn available(client: &Client) -> bool {
+    let f16 = ElemType::Float(FloatKind::F16);
+    let hardware = &client.properties().hardware;
+    hardware.plane_size_min == 32
+        && hardware.plane_size_max == 32
+        && client.features().matmul.cmma.contains(&MmaConfig {
+            a_type: f16,
+            b_type: f16,
+            cd_type: ElemType::Float(FloatKind::F32),
+            m: FRAG as u32,
+            n: FRAG as u32,
+            k: FRAG as u32,
+        })
+}
+
+/// Whether `tuning`'s shared memory fits `client`'s cubes.
+pub(super) fn fits_shared(client: &Client, tuning: &MmaTuning) -> bool {
+    tuning.shared_bytes() <= client.properties().hardware.max_shared_memory_size
+}
+
+/// Scales each activation row by a power of two and writes its high and low f16 parts as
+/// the B operand: `xp[tile][column][k]`, column `j` the high part of row `tile * 8 + j`,
+/// column `8 + j` its low part, `k` in the widened tile's order and zero past `in` (and for
+/// rows past `T`). `inv[t]` is the factor that undoes the scaling. One cube per row.
+#[cube(launch_unchecked)]
+fn split_kernel(
+    x: &[f32],
+    xp: &mut [f16],
+    inv: &mut [f32],
+    t_total: usize,
+    inp: usize,
+    in_pad: usize,
+) {
+    let j = CUBE_POS_X as usize;
+    let tile = CUBE_POS_Y as usize;
+    let t = tile * TILE + j;
+    let u = UNIT_POS_X as usize;
+    let valid = t < t_total;
+
+    let mut m = 0.0f32;
+    if valid {
+        let mut k = u;
+        while k < inp {
+            m = f32::max(m, f32::abs(x[t * inp + k]));
+            k += SPLIT_THREADS;
+        }
+    }
+    let mut shared = Shared::<[f32]>::new_slice(SPLIT_THREADS);
+    shared[u] = m;
+    sync_cube();
+    let mut half = SPLIT_THREADS / 2;
+    while half > 0 {
+        if u < half {
+            shared[u] = f32::max(shared[u], shared[u + half]);
+        }
+        sync_cube();
+        half /= 2;
+    }
+    // The biased exponent of the row's largest magnitude (255 for inf or NaN, which then
+    // propagate), at least 15 so both factors stay normal: `scale = 2^(141 - e)` puts the
+    // largest magnitude in [2^14, 2^15), `2^(e - 141)` undoes it, both exact.
+    let e = u32::max((u32::reinterpret(shared[0]) >> 23) & 255u32, 15u32);
+    let scale = f32::reinterpret((268u32 - e) << 23);
+    if u == 0 {
+        inv[t] = f32::reinterpret((e - 14u32) << 23);
+    }
+
+    let hi_base = (tile * COLS + j) * in_pad;
+    let lo_base = (tile * COLS + TILE + j) * in_pad;
+    let mut k = u;
+    while k < in_pad {
+        // Position 16g + p holds element 16g + 2p for p < 8, 16g + 2(p - 8) + 1 after.
+        let p = k & 15;
+        let src = k - p + (((p & 7) << 1) | (p >> 3));
+        let mut v = 0.0f32;
+        if valid && src < inp {
+            v = x[t * inp + src] * scale;
+        }
+        let hi = f16::cast_from(v);
+        xp[hi_base + k] = hi;
+        xp[lo_base + k] = f16::cast_from(v - f32::cast_from(hi));
+        k += SPLIT_THREADS;
+    }
+}
+
+/// 16 int8 weights.
+type Word4 = Vector<u32, Const<4>>;
+
+/// Eight f16.
+type Half8 = Vector<f16, Const<8>>;
+
+/// Loads this lane's share of one chunk of a plane's rows: `rows` rows of `chunk` 16-byte
+/// vectors each, lane-consecutive along a row. Rows past the end read the last one and
+/// vectors past the row's end the next row (or, past the buffer, its last vector): the
+/// activations are zero there, and results of rows past the end are never written.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_chunk(
+    w: &[Word4],
+    regs: &mut Array<Word4>,
+    row0: usize,
+    chunk_index: usize,
+    out: usize,
+    row_vectors: usize,
+    total: usize,
+    #[comptime] rows: usize,
+    #[comptime] chunk: usize,
+) {
+    let lane = UNIT_POS_X as usize;
+    #[unroll]
+    for i in 0..comptime!(rows * chunk / 32) {
+        let f = lane + 32 * i;
+        let row = usize::min(row0 + f / chunk, out - 1);
+        let idx = row * row_vectors + chunk_index * chunk + f % chunk;
+        regs[i] = w[usize::min(idx, total - 1)];
+    }
+}
+
+/// A 16x16 f32 accumulator fragment at zero.
+#[cube]
+fn accumulator() -> cmma::Matrix<f32> {
+    cmma::Matrix::<f32>::from_value(
+        cmma::MatrixIdent::Accumulator,
+        FRAG,
+        FRAG,
+        FRAG,
+        cmma::MatrixLayout::Undefined,
+        0.0,
+    )
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn mma_kernel(
+    xp: &[f16],
+    inv: &[f32],
+    w: &[Word4],
+    scales: &[u32],
+    bias: &[f32],
+    y: &mut [f32],
+    t_total: usize,
+    out: usize,
+    words: usize,
+    in_pad: usize,
+    chunks: usize,
+    #[comptime] blocks: usize,
+    #[comptime] splits: usize,
+    #[comptime] chunk: usize,
+    #[comptime] has_bias: bool,
+) {
+    let lane = UNIT_POS_X as usize;
+    let split = UNIT_POS_Y as usize;
+    let rows = comptime!(blocks * FRAG);
+    let per_lane = comptime!(rows * chunk / 32);
+    let units = comptime!(2 * chunk + 1);
+    let stride = comptime!((8 * (2 * chunk + 1)) as u32);
+    let row0 = CUBE_POS_X as usize * rows;
+    let tile = CUBE_POS_Y as usize;
+    let row_vectors = words / 4;
+    let total = out * row_vectors;
+
+    let mut widened = Shared::<[Half8]>::new_slice(splits * rows * units);
+    let base = split * rows * units;
+    let flip = Word4::new(0x8080_8080u32);
+    let mask = Word4::new(0x00FF_00FFu32);
+    let magic = Word4::new(0x6400_6400u32);
+    let offset = Half8::new(f16::new(1152.0));
+
+    let acc0 = accumulator();
+    let acc1 = accumulator();
+    // SAFETY: both fragments are loaded before each use.
+    let mut a = unsafe {
+        cmma::Matrix::<f16>::uninitialized(
+            cmma::MatrixIdent::A,
+            FRAG,
+            FRAG,
+            FRAG,
+            cmma::MatrixLayout::RowMajor,
+        )
+    };
+    // SAFETY: as above.
+    let mut b = unsafe {
+        cmma::Matrix::<f16>::uninitialized(
+            cmma::MatrixIdent::B,
+            FRAG,
+            FRAG,
+            FRAG,
+            cmma::MatrixLayout::ColMajor,
+        )
+    };
+
+    let first = split * chunks;
+    let mut regs = Array::<Word4>::new(per_lane);
+    load_chunk(
+        w,
+        &mut regs,
+        row0,
+        first,
+        out,
+        row_vectors,
+        total,
+        rows,
+        chunk,
+    );
+    let x_base = tile * COLS * in_pad;
+    for c in 0..chunks {
+        let chunk_index = first + c;
+        #[unroll]
+        for i in 0..per_lane {
+            let f = lane + 32 * i;
+            let at = base + (f / chunk) * units + (f % chunk) * 2;
+            let v = regs[i] ^ flip;
+            let even = (v & mask) | magic;
+            let odd = ((v >> Word4::new(8u32)) & mask) | magic;
+            widened[at] = Half8::reinterpret(even) - offset;
+            widened[at + 1] = Half8::reinterpret(odd) - offset;
+        }
+        sync_cube();
+        // The next chunk's loads are in flight while the tensor cores work on this one.
+        if c + 1 < chunks {
+            load_chunk(
+                w,
+                &mut regs,
+                row0,
+                chunk_index + 1,
+                out,
+                row_vectors,
+                total,
+                rows,
+                chunk,
+            );
+        }
+        #[unroll]
+        for s in 0..chunk {
+            let k = chunk_index * comptime!(chunk * FRAG) + s * FRAG;
+            let xs = x_base + k;
+            cmma::load(
+                &mut b,
+                xp.slice(xs, xs + (COLS - 1) * in_pad + FRAG),
+                in_pad as u32,
+            );
+            let a0 = base + s * 2;
+            cmma::load(
+                &mut a,
+                widened.slice(a0, a0 + comptime!(FRAG * units)),
+                stride,
+            );
+            cmma::execute(&a, &b, &acc0, &acc0);
+            if comptime!(blocks == 2) {
+                let a1 = a0 + comptime!(FRAG * units);
+                cmma::load(
+                    &mut a,
+                    widened.slice(a1, a1 + comptime!(FRAG * units)),
+                    stride,
+                );
+                cmma::execute(&a, &b, &acc1, &acc1);
+            }
+        }
+        sync_cube();
+    }
+
+    let mut sums = Shared::<[f32]>::new_slice(splits * blocks * FRAG * FRAG);
+    let c0 = split * comptime!(blocks * FRAG * FRAG);
+    cmma::store(
+        sums.slice_mut(c0, c0 + comptime!(FRAG * FRAG)),
+        &acc0,
+        FRAG as u32,
+        cmma::MatrixLayout::RowMajor,
+    );
+    if comptime!(blocks == 2) {
+        let c1 = c0 + comptime!(FRAG * FRAG);
+        cmma::store(
+            sums.slice_mut(c1, c1 + comptime!(FRAG * FRAG)),
+            &acc1,
+            FRAG as u32,
+            cmma::MatrixLayout::RowMajor,
+        );
+    }
+    sync_cube();
+
+    let mut o = split * 32 + lane;
+    while o < comptime!(rows * TILE) {
+        let r = o / TILE;
+        let j = o % TILE;
+        let mut sum = 0.0f32;
+        #[unroll]
+        for p in 0..splits {
+            let at = p * comptime!(blocks * FRAG * FRAG) + r * FRAG + j;
+            sum += sums[at] + sums[at + TILE];
+        }
+        let row = row0 + r;
+        let t = tile * TILE + j;
+        if row < out && t < t_total {
+            let half = (scales[row / 2] >> (16 * (row % 2) as u32)) & 0xFFFFu32;
+            let mut value = sum * inv[t] * f16_bits_to_f32(half);
+            if comptime!(has_bias) {
+                value += bias[row];
+            }
+            y[t * out + row] = value;
+        }
+        o += comptime!(32 * splits);
+    }
+}
+
+/// The tensor-core product `y = x W^T * scale (+ bias)`, on `x`'s client. `x`, `values`,
+/// `scales` and `bias` are contiguous and checked by the caller; `y` is the caller's output
+/// (`[t, out]` f32).
+pub(super) fn run(
+    x: &CubeTensor,
+    values: &CubeTensor,
+    scales: &CubeTensor,
+    bias: Option<&CubeTensor>,
+    y: &Handle,
+    tuning: MmaTuning,
+) {
+    let [t, inp] = x.meta.shape().dims::<2>();
+    let out = values.meta.shape().dims::<2>()[0];
+    let client = x.client.clone();
+    let rows = tuning.blocks * FRAG;
+    let words = inp / 4;
+    let tiles = t.div_ceil(TILE);
+    // Every plane runs the same number of chunks (they meet at barriers), so the row is
+    // padded to `splits * chunks` chunks: the activations are zero there.
+    let step = tuning.chunk * FRAG;
+    let chunks = inp.div_ceil(step).div_ceil(tuning.splits);
+    let in_pad = tuning.splits * chunks * step;
+    let xp = client.empty(tiles * COLS * in_pad * size_of::<f16>());
+    let inv = client.empty(tiles * TILE * size_of::<f32>());
+    // SAFETY: `x` is `[t, inp]` f32; `xp` holds `tiles * COLS * in_pad` f16 and `inv`
+    // `tiles * TILE` f32, and the kernel writes exactly those, one cube per activation row
+    // of each tile (`t` rows or past them, read as zero).
+    unsafe {
+        split_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(TILE as u32, tiles as u32, 1),
+            CubeDim::new_1d(SPLIT_THREADS as u32),
+            BufferArg::from_raw_parts(x.handle.clone(), t * inp),
+            BufferArg::from_raw_parts(xp.clone(), tiles * COLS * in_pad),
+            BufferArg::from_raw_parts(inv.clone(), tiles * TILE),
+            t,
+            inp,
+            in_pad,
+        );
+    }
+    let bias_arg = bias.unwrap_or(scales);
+    let bias_len = if bias.is_some() { out } else { 1 };
+    // SAFETY: lengths are in elements of the bound type: `xp` and `inv` as written above,
+    // `values` `out * inp` bytes as `out * inp / 16` vectors of four words (`inp % 16 == 0`,
+    // checked by the caller through `fits`), `scales` `out`
+    // f16 rounded up to words, `bias` `out` f32 (or one word of the scales, never read
+    // without a bias), `y` `t * out` f32. Fragment loads read `xp` inside one tile's
+    // `COLS * in_pad` block (chunks stop at `in_pad`); weight loads clamp rows and indices
+    // to the buffer; `y` is written once per (row < out, t < T).
+    unsafe {
+        mma_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(out.div_ceil(rows) as u32, tiles as u32, 1),
+            CubeDim::new_2d(32, tuning.splits as u32),
+            BufferArg::from_raw_parts(xp, tiles * COLS * in_pad),
+            BufferArg::from_raw_parts(inv, tiles * TILE),
+            BufferArg::from_raw_parts(values.handle.clone(), out * words / 4),
+            BufferArg::from_raw_parts(scales.handle.clone(), out.div_ceil(2)),
+            BufferArg::from_raw_parts(bias_arg.handle.clone(), bias_len),
+            BufferArg::from_raw_parts(y.clone(), t * out),
+            t,
+            out,
+            words,
+            in_pad,
+            chunks,
+            tuning.blocks,
+            tuning.splits,
+            tuning.chunk,
+            bias.is_some(),
+        );
+    }
+}
