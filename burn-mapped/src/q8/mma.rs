@@ -157,25 +157,31 @@ fn split_kernel(
     if valid {
         let mut k = u;
         while k < inp {
-            m = f32::max(m, f32::abs(x[t * inp + k]));
+            let v = x[t * inp + k];
+            m = f32::max(m, f32::abs(v));
             k += SPLIT_THREADS;
         }
     }
     let mut shared = Shared::<[f32]>::new_slice(SPLIT_THREADS);
     shared[u] = m;
     sync_cube();
-    let mut half = SPLIT_THREADS / 2;
-    while half > 0 {
+    // Unrolled: a mutable that starts from a constant and changes in a loop does not
+    // compile in CubeCL 0.11.3 (its IR verifier wants a pointer where it finds an index).
+    #[unroll]
+    for i in 0..8 {
+        let half = (SPLIT_THREADS / 2) >> i;
         if u < half {
-            shared[u] = f32::max(shared[u], shared[u + half]);
+            let a = shared[u];
+            let b = shared[u + half];
+            shared[u] = f32::max(a, b);
         }
         sync_cube();
-        half /= 2;
     }
     // The biased exponent of the row's largest magnitude (255 for inf or NaN, which then
     // propagate), at least 15 so both factors stay normal: `scale = 2^(141 - e)` puts the
     // largest magnitude in [2^14, 2^15), `2^(e - 141)` undoes it, both exact.
-    let e = u32::max((u32::reinterpret(shared[0]) >> 23) & 255u32, 15u32);
+    let max = shared[0];
+    let e = u32::max((u32::reinterpret(max) >> 23) & 255u32, 15u32);
     let scale = f32::reinterpret((268u32 - e) << 23);
     if u == 0 {
         inv[t] = f32::reinterpret((e - 14u32) << 23);
@@ -488,5 +494,211 @@ pub(super) fn run(
             tuning.chunk,
             bias.is_some(),
         );
+    }
+}
+
+/// Run on whatever CubeCL adapter the machine has (lavapipe in CI, which has no cooperative
+/// matrices): the split kernel against its definition in f64, and the tensor-core kernel's
+/// expansion, which on such an adapter must get as far as the device's refusal of its
+/// fragments. The products themselves are checked in `tests/q8_wgpu.rs` where fragments exist.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, DeviceType};
+
+    /// The first CubeCL adapter's client, or `None` (skip) unless `BURN_MAPPED_REQUIRE_GPU=1`.
+    fn client() -> Option<Client> {
+        let device = Device::enumerate(DeviceType::Wgpu).first().cloned();
+        let client = device.and_then(|d| match d.as_dispatch() {
+            burn::backend::DispatchDevice::Cube(d) => Some(d.client()),
+            _ => None,
+        });
+        if client.is_none() && std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("BURN_MAPPED_REQUIRE_GPU=1 but no wgpu adapter");
+        }
+        client
+    }
+
+    /// A fresh, never-zero stream of values in roughly [-1, 1].
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+                if u < 0.5 {
+                    u - 0.5 - 1e-3
+                } else {
+                    u - 0.5 + 1e-3
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn split_rows_carry_the_activations_to_22_bits_in_the_widened_order() {
+        let Some(client) = client() else { return };
+        if !client
+            .properties()
+            .supports_type(ElemType::Float(FloatKind::F16))
+        {
+            eprintln!("no f16 on this adapter: split kernel not run");
+            return;
+        }
+        // Two tiles (T = 11), a row past f16's range, one below its normal range, one zero;
+        // `in_pad` past `in` (zero padding).
+        let (t, inp, in_pad) = (11usize, 48usize, 80usize);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+        eprintln!("seed {seed}");
+        let mut x = values(t * inp, seed);
+        for (row, factor) in [(1, 3e6f32), (2, 1e-9), (3, 0.0)] {
+            x[row * inp..(row + 1) * inp]
+                .iter_mut()
+                .for_each(|v| *v *= factor);
+        }
+        let tiles = t.div_ceil(TILE);
+        let xp = client.empty(tiles * COLS * in_pad * 2);
+        let inv = client.empty(tiles * TILE * 4);
+        let xh = client.create_from_slice(f32::as_bytes(&x));
+        // SAFETY: `x` holds `t * inp` f32, `xp` `tiles * COLS * in_pad` f16 and `inv`
+        // `tiles * TILE` f32, which one cube per row of each tile writes.
+        unsafe {
+            split_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(TILE as u32, tiles as u32, 1),
+                CubeDim::new_1d(SPLIT_THREADS as u32),
+                BufferArg::from_raw_parts(xh, t * inp),
+                BufferArg::from_raw_parts(xp.clone(), tiles * COLS * in_pad),
+                BufferArg::from_raw_parts(inv.clone(), tiles * TILE),
+                t,
+                inp,
+                in_pad,
+            );
+        }
+        let xp = client.read_one(xp).unwrap();
+        let xp: Vec<f16> = bytes_as(&xp, |b| f16::from_le_bytes([b[0], b[1]]));
+        let inv = client.read_one(inv).unwrap();
+        let inv: Vec<f32> = bytes_as(&inv, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        for tile in 0..tiles {
+            for j in 0..TILE {
+                let row = tile * TILE + j;
+                let f = f64::from(inv[row]);
+                assert!(
+                    f > 0.0 && (f.log2().fract() == 0.0),
+                    "row {row}: factor {f}"
+                );
+                let max = if row < t {
+                    x[row * inp..(row + 1) * inp]
+                        .iter()
+                        .fold(0f32, |m, v| m.max(v.abs()))
+                } else {
+                    0.0
+                };
+                for k in 0..in_pad {
+                    let hi = xp[(tile * COLS + j) * in_pad + k].to_f64();
+                    let lo = xp[(tile * COLS + TILE + j) * in_pad + k].to_f64();
+                    assert!(
+                        hi.abs() < 32768.0,
+                        "row {row} k {k}: high part {hi} not scaled"
+                    );
+                    // Position 16g + p holds element 16g + 2p (p < 8), 16g + 2(p - 8) + 1.
+                    let p = k % 16;
+                    let src = k - p + if p < 8 { 2 * p } else { 2 * (p - 8) + 1 };
+                    let want = if row < t && src < inp {
+                        f64::from(x[row * inp + src])
+                    } else {
+                        0.0
+                    };
+                    let got = (hi + lo) * f;
+                    // 22 bits of each value, or f16's subnormal step 2^-24 (scaled back).
+                    let bound = (want.abs() * 2f64.powi(-21)).max(f * 2f64.powi(-24));
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "row {row} k {k}: {got} vs {want} (row max {max})"
+                    );
+                }
+                if max > 0.0 {
+                    let scaled = f64::from(max) / f;
+                    assert!(
+                        (16384.0..32768.0).contains(&scaled),
+                        "row {row}: max scaled to {scaled}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn bytes_as<T>(bytes: &[u8], f: impl Fn(&[u8]) -> T) -> Vec<T> {
+        bytes.chunks_exact(size_of::<T>()).map(f).collect()
+    }
+
+    /// Without fragments the kernel cannot run, but its whole expansion happens before the
+    /// compiler is asked: the launch must fail on the fragments alone, every shape.
+    #[test]
+    fn without_fragments_the_kernel_expands_and_only_its_fragments_are_refused() {
+        let Some(client) = client() else { return };
+        if available(&client) {
+            eprintln!("this adapter has fragments: tests/q8_wgpu.rs runs the kernel");
+            return;
+        }
+        for tuning in [
+            MmaTuning::DEFAULT,
+            MmaTuning {
+                blocks: 1,
+                splits: 1,
+                chunk: 2,
+            },
+        ] {
+            let (t, out, inp) = (3usize, 40usize, 64usize);
+            let rows = tuning.blocks * FRAG;
+            let in_pad = 256;
+            let words = vec![0u32; out * inp / 4];
+            let w = client.create_from_slice(u32::as_bytes(&words));
+            let xp = client.empty(COLS * in_pad * 2);
+            let inv = client.empty(TILE * 4);
+            let scales = client.empty(out.div_ceil(2) * 4);
+            let y = client.empty(t * out * 4);
+            // SAFETY: every buffer holds the elements stated; the launch is refused before
+            // anything runs (and bounded as in `run` if it were not).
+            unsafe {
+                mma_kernel::launch_unchecked(
+                    &client,
+                    CubeCount::Static(out.div_ceil(rows) as u32, 1, 1),
+                    CubeDim::new_2d(32, tuning.splits as u32),
+                    BufferArg::from_raw_parts(xp, COLS * in_pad),
+                    BufferArg::from_raw_parts(inv, TILE),
+                    BufferArg::from_raw_parts(w, out * inp / 16),
+                    BufferArg::from_raw_parts(scales.clone(), out.div_ceil(2)),
+                    BufferArg::from_raw_parts(scales, 1),
+                    BufferArg::from_raw_parts(y.clone(), t * out),
+                    t,
+                    out,
+                    inp / 4,
+                    in_pad,
+                    in_pad / (tuning.chunk * FRAG * tuning.splits),
+                    tuning.blocks,
+                    tuning.splits,
+                    tuning.chunk,
+                    false,
+                );
+            }
+            let err = client.read_one(y).expect_err("launched without fragments");
+            let msg = format!("{err:?}");
+            // The validation errors, one per line after the compiler's own words: the two
+            // accumulators and the A and B fragments, nothing else.
+            let refused = msg
+                .lines()
+                .filter(|l| l.contains("cooperative matrix fragment"))
+                .count();
+            let errors = msg
+                .lines()
+                .filter(|l| l.contains("the device doesn't"))
+                .count();
+            assert!(refused == 4 && errors == 4, "{tuning}: {msg}");
+        }
     }
 }
