@@ -222,7 +222,7 @@ pub fn tensor_cores(device: &burn::tensor::Device) -> bool {
 
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
 #[cube]
-pub(super) fn f16_bits_to_f32(h: u32) -> f32 {
+fn f16_bits_to_f32(h: u32) -> f32 {
     let sign = (h >> 15) & 1;
     let exp = (h >> 10) & 31;
     let man = h & 1023;
@@ -237,6 +237,13 @@ pub(super) fn f16_bits_to_f32(h: u32) -> f32 {
         mag = -mag;
     }
     mag
+}
+
+/// The f16 scale of `row`, from the scales bound as words (two per word, low half first).
+#[cube]
+pub(super) fn row_scale(scales: &[u32], row: usize) -> f32 {
+    let half = (scales[row / 2] >> (16 * (row % 2) as u32)) & 0xFFFFu32;
+    f16_bits_to_f32(half)
 }
 
 /// Adds one stride of `rows` weight vectors (`wv[first..first + rows]`, starting at
@@ -393,8 +400,7 @@ fn q8_gemm_kernel<N: Size>(
                 for l in 0..lanes {
                     sum += partial[(group * lanes + l) * tile + lane];
                 }
-                let half = (scales[row / 2] >> (16 * (row % 2) as u32)) & 0xFFFFu32;
-                let mut value = sum * f16_bits_to_f32(half);
+                let mut value = sum * row_scale(scales, row);
                 if comptime!(has_bias) {
                     value += bias[row];
                 }

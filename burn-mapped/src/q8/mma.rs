@@ -39,7 +39,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use half::f16;
 
-use super::cube::{TILE, f16_bits_to_f32};
+use super::cube::{TILE, row_scale};
 
 /// Columns of the B operand per tile: the high halves, then the low halves.
 const COLS: usize = 2 * TILE;
@@ -413,8 +413,7 @@ fn mma_kernel(
         let row = row0 + r;
         let t = tile * TILE + j;
         if row < out && t < t_total {
-            let half = (scales[row / 2] >> (16 * (row % 2) as u32)) & 0xFFFFu32;
-            let mut value = sum * inv[t] * f16_bits_to_f32(half);
+            let mut value = sum * inv[t] * row_scale(scales, row);
             if comptime!(has_bias) {
                 value += bias[row];
             }
