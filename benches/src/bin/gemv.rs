@@ -269,19 +269,19 @@ fn on_cube(dev: &Device) -> bool {
     matches!(dev.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
 }
 
-/// The kernel and launch shape a `t`-row product uses now on `dev` (`t = 0`: the read
-/// kernel, whose one field comes from the FMA shape of `t = 1`); `None` off CubeCL devices,
-/// whose kernels have no shape.
-fn shape_label(dev: &Device, t: usize) -> Option<String> {
+/// The kernel and launch shape a `t`-row product over rows of `inp` values uses now on
+/// `dev` (`t = 0`: the read kernel, whose one field comes from the FMA shape of `t = 1`);
+/// `None` off CubeCL devices, whose kernels have no shape.
+fn shape_label(dev: &Device, t: usize, inp: usize) -> Option<String> {
     #[cfg(feature = "wgpu")]
     if on_cube(dev) {
-        use burn_mapped::q8::{cube_launch, cube_tuning, tensor_cores};
-        return Some(match t {
-            0 => cube_tuning(1).to_string(),
-            t => cube_launch(t, tensor_cores(dev)).to_string(),
-        });
+        use burn_mapped::q8::{cube_tuning, planned_launch};
+        return match t {
+            0 => Some(cube_tuning(1).to_string()),
+            t => planned_launch(dev, t, inp).map(|l| l.to_string()),
+        };
     }
-    let _ = (dev, t);
+    let _ = (dev, t, inp);
     None
 }
 
@@ -399,11 +399,11 @@ struct Timing<'a> {
 }
 
 impl Timing<'_> {
-    /// The same timing, labelled with the launch shape a `t`-row product (`t = 0`: the read
-    /// kernel) runs on `dev`.
-    fn shaped(&self, dev: &Device, t: usize) -> Self {
+    /// The same timing, labelled with the launch shape a `t`-row product over rows of `inp`
+    /// values (`t = 0`: the read kernel) runs on `dev`.
+    fn shaped(&self, dev: &Device, t: usize, inp: usize) -> Self {
         Timing {
-            tuning: shape_label(dev, t),
+            tuning: shape_label(dev, t, inp),
             ..self.clone()
         }
     }
@@ -694,7 +694,7 @@ fn main() -> Result<()> {
                     a.matrices,
                     value_bytes,
                     &a,
-                    &timing.shaped(&dev, 0),
+                    &timing.shaped(&dev, 0, a.inp),
                     || Ok(weights.iter().map(read_weight).collect::<Vec<_>>()),
                 )?);
             }
@@ -707,7 +707,7 @@ fn main() -> Result<()> {
                         a.matrices,
                         q8_bytes,
                         &a,
-                        &timing.shaped(&dev, t),
+                        &timing.shaped(&dev, t, a.inp),
                         || {
                             Ok(weights
                                 .iter()
@@ -732,7 +732,7 @@ fn main() -> Result<()> {
                 a.matrices,
                 value_bytes,
                 &a,
-                &timing.shaped(&dev, 0),
+                &timing.shaped(&dev, 0, a.inp),
                 || {
                     // SAFETY: the graph reads the weights and writes its own outputs, all alive
                     // until the end of `main`; nothing else uses them meanwhile, and every replay
@@ -767,7 +767,7 @@ fn main() -> Result<()> {
                 unsafe { graph.replay() };
                 Ok(())
             };
-            let shaped = timing.shaped(&dev, t);
+            let shaped = timing.shaped(&dev, t, a.inp);
             arms.push(measure(
                 "q8graph", t, a.matrices, q8_bytes, &a, &shaped, replay,
             )?);

@@ -220,6 +220,29 @@ pub fn tensor_cores(device: &burn::tensor::Device) -> bool {
     }
 }
 
+/// What a product with `t` activation rows of `inp` values launches now on `device`, every
+/// condition applied (fragments, `inp % 16`, the shape's shared memory); `None` off CubeCL
+/// devices. Benchmarks label their arms with it.
+pub fn planned_launch(device: &burn::tensor::Device, t: usize, inp: usize) -> Option<CubeLaunch> {
+    match device.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(d) => Some(launch_on(&d.client(), t, inp)),
+        _ => None,
+    }
+}
+
+/// The one launch decision: the tensor-core kernel where it is asked for and runs, else the
+/// FMA kernel (the override's shape or the tile's default).
+fn launch_on(client: &mma::Client, t: usize, inp: usize) -> CubeLaunch {
+    let tile = t.clamp(1, TILE);
+    let tensor_cores = mma::fits(inp) && mma::available(client);
+    match cube_launch(tile, tensor_cores) {
+        CubeLaunch::Mma(m) if !mma::fits_shared(client, &m) => {
+            CubeLaunch::Fma(CubeTuning::default_for(tile))
+        }
+        launch => launch,
+    }
+}
+
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
 #[cube]
 fn f16_bits_to_f32(h: u32) -> f32 {
@@ -572,14 +595,7 @@ fn run(
         "q8_matmul: empty operands are handled by q8_linear"
     );
     let tile = t.min(TILE);
-    let tensor_cores = mma::fits(inp) && mma::available(&client);
-    let launch = match cube_launch(tile, tensor_cores) {
-        CubeLaunch::Mma(m) if !mma::fits_shared(&client, &m) => {
-            CubeLaunch::Fma(CubeTuning::default_for(tile))
-        }
-        launch => launch,
-    };
-    let tuning = match launch {
+    let tuning = match launch_on(&client, t, inp) {
         CubeLaunch::Mma(m) => {
             mma::run(&x, &values, &scales, bias.as_ref(), &y, m);
             return CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32);

@@ -32,7 +32,7 @@
 
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::client::Client;
+pub(super) use cubecl::client::Client;
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
@@ -198,9 +198,11 @@ fn split_kernel(
         if valid && src < inp {
             v = x[t * inp + src] * scale;
         }
-        let hi = f16::cast_from(v);
-        xp[hi_base + k] = hi;
-        xp[lo_base + k] = f16::cast_from(v - f32::cast_from(hi));
+        // The high part is rounded to f16's 11 significant bits on the f32 bits: NVIDIA's
+        // Vulkan compiler folds `f32(f16(v))` back into `v`, which left the low part zero.
+        let high = f32::reinterpret((u32::reinterpret(v) + 0x1000u32) & 0xFFFF_E000u32);
+        xp[hi_base + k] = f16::cast_from(high);
+        xp[lo_base + k] = f16::cast_from(v - high);
         k += SPLIT_THREADS;
     }
 }
@@ -600,8 +602,9 @@ mod tests {
                 for k in 0..in_pad {
                     let hi = xp[(tile * COLS + j) * in_pad + k].to_f64();
                     let lo = xp[(tile * COLS + TILE + j) * in_pad + k].to_f64();
+                    // Scaled below 2^15, a value within f16's last step of it rounds to 2^15.
                     assert!(
-                        hi.abs() < 32768.0,
+                        hi.abs() <= 32768.0,
                         "row {row} k {k}: high part {hi} not scaled"
                     );
                     // Position 16g + p holds element 16g + 2p (p < 8), 16g + 2(p - 8) + 1.

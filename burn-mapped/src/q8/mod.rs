@@ -53,8 +53,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub use cpu::{TILE_T as CPU_TILE_T, cpu_kernel_name, cpu_threads, set_cpu_threads};
 #[cfg(feature = "wgpu")]
 pub use cube::{
-    CubeLaunch, CubeTuning, TILE as GPU_TILE_T, cube_launch, cube_tuning, reset_cube_tuning,
-    set_cube_tuning, set_mma_tuning, tensor_cores,
+    CubeLaunch, CubeTuning, TILE as GPU_TILE_T, cube_launch, cube_tuning, planned_launch,
+    reset_cube_tuning, set_cube_tuning, set_mma_tuning, tensor_cores,
 };
 pub use error::Q8Error;
 #[cfg(feature = "wgpu")]
