@@ -253,6 +253,8 @@ fn every_tensor_core_shape_matches_the_f64_reference() {
         (2, 8, 2),
         (1, 8, 8),
         (2, 2, 8),
+        (4, 4, 2),
+        (3, 2, 2),
     ] {
         let tuning = MmaTuning {
             blocks,

@@ -177,7 +177,8 @@ pub fn set_cube_tuning(tuning: CubeTuning) -> bool {
 /// every `T`, where it runs (f16 cooperative matrices, planes of 32, `in % 16 == 0`, the
 /// shape's shared memory within the device's; other products keep their per-tile FMA
 /// defaults); returns `false` (and changes nothing) for a shape outside [`MmaTuning`]'s
-/// ranges or over 48 KiB of shared memory. Not yet run on hardware: see [`MmaTuning`].
+/// ranges or over 48 KiB of shared memory. Slower than the FMA kernel on the H200: see
+/// [`MmaTuning`].
 pub fn set_mma_tuning(tuning: MmaTuning) -> bool {
     if !tuning.valid() {
         return false;
