@@ -1,4 +1,6 @@
-# Sourced by the H200 scripts: the Vulkan loader from the carried Debian packages (.gl/), the
+# Sourced by the H200 scripts: the Vulkan loader from the carried Debian packages (.gl/:
+# libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2, as the device README lists;
+# with libvulkan1 alone the tenth session's machine found no Vulkan adapter), the
 # NVIDIA ICD, the output folder and log (`$out`, `$log` named by the caller's LOG_NAME), and
 # the carried binaries (BIN, default .devwork/bin, xz-compressed) unpacked into /tmp/bm-bin.
 out="${OUT:-$PWD/h200-out}"
