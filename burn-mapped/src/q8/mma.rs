@@ -398,11 +398,7 @@ fn mma_kernel(
                 in_pad as u32,
             );
             let a0 = base + s * 2;
-            cmma::load(
-                &mut a,
-                widened.slice(a0, a0 + comptime!(FRAG * units)),
-                stride,
-            );
+            load_block(&widened, &mut a, a0, 0usize, units, stride);
             cmma::execute(&a, &b, &acc0, &acc0);
             if comptime!(blocks >= 2) {
                 load_block(&widened, &mut a, a0, 1usize, units, stride);
@@ -422,12 +418,7 @@ fn mma_kernel(
 
     let mut sums = Shared::<[f32]>::new_slice(splits * blocks * FRAG * FRAG);
     let c0 = split * comptime!(blocks * FRAG * FRAG);
-    cmma::store(
-        sums.slice_mut(c0, c0 + comptime!(FRAG * FRAG)),
-        &acc0,
-        FRAG as u32,
-        cmma::MatrixLayout::RowMajor,
-    );
+    store_block(&mut sums, &acc0, c0);
     if comptime!(blocks >= 2) {
         store_block(&mut sums, &acc1, c0 + FRAG * FRAG);
     }
