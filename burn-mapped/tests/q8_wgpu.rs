@@ -19,10 +19,11 @@ mod q8_common;
 
 use burn::tensor::{DType, Device, DeviceType, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    CubeTuning, MmaTuning, Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, q8_linear, read_weight,
-    reset_cube_tuning, set_cube_tuning, set_mma_tuning, set_poison_outputs, tensor_cores,
+    CubeLaunch, CubeTuning, DOT_Q_MAX, DotTuning, MmaTuning, Q8Error, Q8Rows, Q8Weight,
+    READ_PARTIALS, planned_launch, q8_linear, read_weight, reset_cube_tuning, set_cube_tuning,
+    set_dot_tuning, set_mma_tuning, set_poison_outputs, tensor_cores,
 };
-use q8_common::{Rng, assert_close, reference, xor_words};
+use q8_common::{Rng, assert_close, reference, reference_dot, xor_words};
 
 /// The API the tests run on, as the messages name it.
 #[cfg(not(feature = "vulkan"))]
@@ -88,8 +89,37 @@ fn gpu() -> Option<Device> {
 #[test]
 fn under_the_vulkan_feature_the_kernels_are_compiled_to_spirv() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let name = runtime(&device);
     assert!(name.contains("wgpu<spirv>"), "runtime: {name}");
+}
+
+/// The launch shape is process-wide and the bound a result is held to depends on the kernel
+/// it picks, so the tests that launch take turns.
+fn shape_lock() -> std::sync::MutexGuard<'static, ()> {
+    static SHAPE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SHAPE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The f64 reference and the bound for the kernel a `t`-row product launches now on
+/// `device`: the dp4a kernel rounds the activations (see [`reference_dot`]).
+#[allow(clippy::too_many_arguments)]
+fn expected(
+    device: &Device,
+    x: &[f32],
+    q: &[i8],
+    s: &[f16],
+    bias: Option<&[f32]>,
+    t: usize,
+    out: usize,
+    inp: usize,
+) -> Vec<(f64, f64)> {
+    match planned_launch(device, t, inp) {
+        Some(CubeLaunch::Dot(_)) => {
+            reference_dot(x, q, s, bias, t, out, inp, 16, f64::from(DOT_Q_MAX))
+        }
+        _ => reference(x, q, s, bias, t, out, inp),
+    }
 }
 
 fn weight(rng: &mut Rng, out: usize, inp: usize, device: &Device) -> (Vec<i8>, Vec<f16>, Q8Weight) {
@@ -119,6 +149,7 @@ fn run(x: &[f32], w: &Q8Weight, bias: Option<&[f32]>, t: usize, device: &Device)
 #[test]
 fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let mut rng = Rng::fresh();
     // `in` a multiple of 4 but of neither 8 nor 16 (one word per load), of 8 only (at most
     // two), of 16 (up to four: the T 1-2 shape loads four, the T >= 3 shape two); `out` not a
@@ -130,7 +161,7 @@ fn q8_linear_on_wgpu_matches_the_f64_reference_for_every_t() {
             let b = rng.vec_nonzero(out);
             for bias in [None, Some(b.as_slice())] {
                 let got = run(&x, &w, bias, t, &device);
-                let want = reference(&x, &q, &s, bias, t, out, inp);
+                let want = expected(&device, &x, &q, &s, bias, t, out, inp);
                 let ctx = format!("{API} [{out}, {inp}] T={t} bias={}", bias.is_some());
                 assert_close(&got, &want, out, &ctx);
             }
@@ -149,11 +180,12 @@ impl Drop for Restore {
 }
 
 /// Every launch shape is a correct kernel, not just the default: odd lane counts, row and
-/// unroll counts that leave remainders, one thread per cube. The shape is process-wide, so
-/// the other tests may run under any of these too (they must pass under every one).
+/// unroll counts that leave remainders, one thread per cube. The shape is process-wide: the
+/// tests that launch take turns ([`shape_lock`]).
 #[test]
 fn every_launch_shape_matches_the_f64_reference() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let _restore = Restore;
     assert!(!set_cube_tuning(CubeTuning {
         lanes: 4,
@@ -202,7 +234,7 @@ fn every_launch_shape_matches_the_f64_reference() {
                 let x = rng.vec_nonzero(t * inp);
                 let b = rng.vec_nonzero(out);
                 let got = run(&x, w, Some(&b), t, &device);
-                let want = reference(&x, q, s, Some(&b), t, out, inp);
+                let want = expected(&device, &x, q, s, Some(&b), t, out, inp);
                 let ctx = format!("{API} {tuning} [{out}, {inp}] T={t}");
                 assert_close(&got, &want, out, &ctx);
             }
@@ -222,6 +254,7 @@ fn every_launch_shape_matches_the_f64_reference() {
 #[test]
 fn every_tensor_core_shape_matches_the_f64_reference() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let _restore = Restore;
     if !tensor_cores(&device) {
         eprintln!("{API}: no f16 cooperative matrices on this adapter: tensor-core path not run");
@@ -276,7 +309,7 @@ fn every_tensor_core_shape_matches_the_f64_reference() {
                 let b = rng.vec_nonzero(out);
                 for bias in [None, Some(b.as_slice())] {
                     let got = run(&x, w, bias, t, &device);
-                    let want = reference(&x, q, s, bias, t, out, inp);
+                    let want = expected(&device, &x, q, s, bias, t, out, inp);
                     let ctx = format!(
                         "{API} {tuning} [{out}, {inp}] T={t} bias={}",
                         bias.is_some()
@@ -288,11 +321,137 @@ fn every_tensor_core_shape_matches_the_f64_reference() {
     }
 }
 
+/// The dp4a kernel (every adapter: native on SPIR-V, expanded by CubeCL on WGSL) at every
+/// `T` and several shapes (8 to 64 lanes per row, one to eight rows per thread, unrolls that
+/// leave remainders), held to the bound of its documented activation rounding. Rows span 1e6
+/// and 1e-9 in magnitude and one has a single large outlier, which only its own block's scale
+/// may feel.
+#[test]
+fn every_dot_shape_matches_the_f64_reference() {
+    let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
+    let _restore = Restore;
+    assert!(!set_dot_tuning(DotTuning {
+        lanes: 4,
+        ..DotTuning::ONE
+    }));
+    assert!(!set_dot_tuning(DotTuning {
+        unroll: 0,
+        ..DotTuning::ONE
+    }));
+    let mut rng = Rng::fresh();
+    // Rows of 4, 6, 1, 65 and 448 blocks of 16, and one of 52 values, which takes the FMA
+    // kernel instead.
+    let shapes = [
+        (37, 64),
+        (70, 96),
+        (1, 16),
+        (33, 1040),
+        (45, 7168),
+        (19, 52),
+    ];
+    let weights: Vec<_> = shapes
+        .iter()
+        .map(|&(out, inp)| weight(&mut rng, out, inp, &device))
+        .collect();
+    let every_t: Vec<usize> = (1..=8).chain([11]).collect();
+    let shape = |(lanes, groups, rows, unroll)| DotTuning {
+        lanes,
+        groups,
+        rows,
+        unroll,
+    };
+    // On hardware, every shape at every T. A software adapter (lavapipe in CI) compiles each
+    // shape and tile for minutes in all (CubeCL expands `dp4a` there): the two small shapes at
+    // every T and each default shape at the tiles it is the default for.
+    let software = device.identity().is_none_or(|id| id.physical.is_none());
+    let mut plan: Vec<(DotTuning, Vec<usize>)> = [(8, 1, 1, 1), (16, 2, 3, 3)]
+        .map(|s| (shape(s), every_t.clone()))
+        .into();
+    if software {
+        plan.extend([
+            (DotTuning::ONE, vec![1]),
+            (DotTuning::FEW, vec![2, 3, 4]),
+            (DotTuning::MANY, vec![5, 6, 7, 8, 11]),
+        ]);
+    } else {
+        for s in [
+            (32, 4, 4, 2),
+            (64, 4, 2, 2),
+            (32, 8, 5, 2),
+            (32, 2, 8, 2),
+            (32, 4, 8, 1),
+            (32, 4, 2, 4),
+            (64, 2, 4, 2),
+        ] {
+            plan.push((shape(s), every_t.clone()));
+        }
+    }
+    for (tuning, ts) in plan {
+        assert!(set_dot_tuning(tuning), "{tuning}");
+        for ((out, inp), (q, s, w)) in shapes.iter().copied().zip(&weights) {
+            let dot = planned_launch(&device, 3, inp) == Some(CubeLaunch::Dot(tuning));
+            assert_eq!(dot, inp % 16 == 0, "{tuning} [{out}, {inp}]");
+            for &t in &ts {
+                let mut x = rng.vec_nonzero(t * inp);
+                for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
+                    if row < t {
+                        x[row * inp..(row + 1) * inp]
+                            .iter_mut()
+                            .for_each(|v| *v *= factor);
+                    }
+                }
+                if t > 3 {
+                    x[3 * inp + inp / 2] *= 1000.0;
+                }
+                let b = rng.vec_nonzero(out);
+                for bias in [None, Some(b.as_slice())] {
+                    let got = run(&x, w, bias, t, &device);
+                    let want = expected(&device, &x, q, s, bias, t, out, inp);
+                    let ctx = format!(
+                        "{API} {tuning} [{out}, {inp}] T={t} bias={}",
+                        bias.is_some()
+                    );
+                    assert_close(&got, &want, out, &ctx);
+                }
+            }
+        }
+    }
+}
+
+/// Under the dp4a kernel a non-finite activation turns its own output row into NaN (its
+/// block's scale is NaN) and leaves the other rows correct.
+#[test]
+fn under_the_dot_kernel_a_non_finite_activation_yields_nan_in_its_row_only() {
+    let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
+    let _restore = Restore;
+    assert!(set_dot_tuning(DotTuning::MANY));
+    let mut rng = Rng::fresh();
+    let (out, inp, t) = (21, 64, 3);
+    let (q, s, w) = weight(&mut rng, out, inp, &device);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = rng.vec_nonzero(t * inp);
+        x[inp + 17] = bad;
+        let got = run(&x, &w, None, t, &device);
+        assert!(
+            got[out..2 * out].iter().all(|v| v.is_nan()),
+            "{bad}: {got:?}"
+        );
+        let want = expected(&device, &x, &q, &s, None, t, out, inp);
+        for row in [0, 2] {
+            let r = row * out..(row + 1) * out;
+            assert_close(&got[r.clone()], &want[r], out, &format!("{bad}: row {row}"));
+        }
+    }
+}
+
 /// The benchmark's shape (`[12288, 7168]`, 88 MB) and an odd one, on a hardware adapter
 /// only: a software one (lavapipe in CI) would take minutes and binds at most 128 MiB.
 #[test]
 fn q8_linear_matches_the_f64_reference_at_the_benchmark_shape_on_hardware() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     if device.identity().is_none_or(|id| id.physical.is_none()) {
         eprintln!("software adapter: skipping the large shapes");
         return;
@@ -308,7 +467,7 @@ fn q8_linear_matches_the_f64_reference_at_the_benchmark_shape_on_hardware() {
             let b = rng.vec_nonzero(out);
             let bias = with_bias.then_some(b.as_slice());
             let got = run(&x, &w, bias, t, &device);
-            let want = reference(&x, &q, &s, bias, t, out, inp);
+            let want = expected(&device, &x, &q, &s, bias, t, out, inp);
             let ctx = format!("{API} [{out}, {inp}] T={t} bias={with_bias}");
             assert_close(&got, &want, out, &ctx);
         }
@@ -318,6 +477,7 @@ fn q8_linear_matches_the_f64_reference_at_the_benchmark_shape_on_hardware() {
 #[test]
 fn the_kernel_reads_x_produced_by_earlier_ops_on_the_same_stream() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let mut rng = Rng::fresh();
     let (out, inp, t) = (33, 64, 5);
     let (q, s, w) = weight(&mut rng, out, inp, &device);
@@ -330,7 +490,7 @@ fn the_kernel_reads_x_produced_by_earlier_ops_on_the_same_stream() {
     // And the result feeds further device ops.
     let y = (y * 2.0).into_data().try_to_vec::<f32>().unwrap();
     let x_host: Vec<f32> = x0.iter().map(|v| v * 3.0 - 1.0).collect();
-    let want: Vec<(f64, f64)> = reference(&x_host, &q, &s, None, t, out, inp)
+    let want: Vec<(f64, f64)> = expected(&device, &x_host, &q, &s, None, t, out, inp)
         .into_iter()
         .map(|(v, tol)| (2.0 * v, 2.0 * tol + 2.0 * v.abs() * f64::from(f32::EPSILON)))
         .collect();
@@ -340,6 +500,7 @@ fn the_kernel_reads_x_produced_by_earlier_ops_on_the_same_stream() {
 #[test]
 fn scales_decode_exactly_including_subnormal_and_zero() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let (out, inp) = (5, 8);
     let q: Vec<i8> = (0..out * inp).map(|k| (k as i32 % 17 - 8) as i8).collect();
     let s = vec![
@@ -363,7 +524,7 @@ fn scales_decode_exactly_including_subnormal_and_zero() {
     let got = run(&x, &w, None, 1, &device);
     assert_close(
         &got,
-        &reference(&x, &q, &s, None, 1, out, inp),
+        &expected(&device, &x, &q, &s, None, 1, out, inp),
         out,
         "scales",
     );
@@ -372,6 +533,7 @@ fn scales_decode_exactly_including_subnormal_and_zero() {
 #[test]
 fn a_width_not_a_multiple_of_four_is_refused_on_the_gpu() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let values = Tensor::<2, Int>::from_data(
         TensorData::new(vec![1i8; 3 * 53], [3, 53]),
         (&device, DType::I8),
@@ -389,6 +551,7 @@ fn a_width_not_a_multiple_of_four_is_refused_on_the_gpu() {
 #[test]
 fn read_weight_reads_every_word_on_the_gpu() {
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let mut rng = Rng::fresh();
     // Word counts with and without a multiple of 4 (vec4 or scalar loads), and one far
     // larger than the read kernel's 1024 x 256 threads (grid-stride loop).
@@ -429,6 +592,7 @@ fn under_fusion_the_op_is_registered_as_a_custom_operation() {
     }
 
     let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
     let mut rng = Rng::fresh();
     let (out, inp, t) = (40, 64, 3);
     let (q, s, w) = weight(&mut rng, out, inp, &device);
@@ -448,7 +612,7 @@ fn under_fusion_the_op_is_registered_as_a_custom_operation() {
         "custom ops seen: {ids:?}"
     );
     let x_host: Vec<f32> = x0.iter().map(|v| v + 0.5).collect();
-    let want: Vec<(f64, f64)> = reference(&x_host, &q, &s, None, t, out, inp)
+    let want: Vec<(f64, f64)> = expected(&device, &x_host, &q, &s, None, t, out, inp)
         .into_iter()
         .map(|(v, tol)| (-v, tol))
         .collect();

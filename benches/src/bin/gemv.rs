@@ -33,11 +33,13 @@
 //! own clock per pass beside the wall time: what the GPU spent from its first kernel to its
 //! last, without the host's encoding before submission or the wait for the sync's answer.
 //! Arms `readgraph` and `q8graph` (CubeCL devices) capture one pass with Burn's graph capture and
-//! time replays of it (each + one sync), `q8graph` at every `T` of `--t-sweep`.
+//! time replays of it (each + one sync), `q8graph` at every `T` of `--t-sweep` and every shape
+//! of `--tunings` (replays keep the GPU busy, so its clock stays up; eager arms let it idle).
 //! `--tunings` (CubeCL devices) measures the
 //! read and q8 arms once per kernel launch shape: `lanes.groups.rows.unroll.read_unroll[.vector]`
 //! for the FMA kernel at every `T` (see `burn_mapped::q8::CubeTuning`), `mma.blocks.splits.chunk`
 //! for the tensor-core kernel at every `T` where the device has one (`burn_mapped::q8::MmaTuning`),
+//! `dot.lanes.groups.rows.unroll` for the dp4a kernel at every `T` (`burn_mapped::q8::DotTuning`),
 //! `default` for the per-`T` defaults. Each GPU arm reports the kernel and shape it ran.
 //!
 //! The wgpu device (WGSL, or SPIR-V where wgpu settles on Vulkan and `vulkan` is built in)
@@ -207,7 +209,22 @@ fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
 
 #[cfg(feature = "wgpu")]
 fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeLaunch> {
-    use burn_mapped::q8::{CubeLaunch, MmaTuning};
+    use burn_mapped::q8::{CubeLaunch, DotTuning, MmaTuning};
+    if let Some(rest) = spec.strip_prefix("dot.") {
+        let v = rest
+            .split('.')
+            .map(|s| s.parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .filter(|v| v.len() == 4)
+            .with_context(|| format!("--tunings: `{spec}` is not dot.lanes.groups.rows.unroll"))?;
+        return Ok(CubeLaunch::Dot(DotTuning {
+            lanes: v[0],
+            groups: v[1],
+            rows: v[2],
+            unroll: v[3],
+        }));
+    }
     if let Some(rest) = spec.strip_prefix("mma.") {
         let v = rest
             .split('.')
@@ -244,7 +261,9 @@ fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeLaunch> {
 fn apply_tuning(spec: &str) -> Result<()> {
     #[cfg(feature = "wgpu")]
     {
-        use burn_mapped::q8::{CubeLaunch, reset_cube_tuning, set_cube_tuning, set_mma_tuning};
+        use burn_mapped::q8::{
+            CubeLaunch, reset_cube_tuning, set_cube_tuning, set_dot_tuning, set_mma_tuning,
+        };
         let set = match spec {
             "default" => {
                 reset_cube_tuning();
@@ -253,6 +272,7 @@ fn apply_tuning(spec: &str) -> Result<()> {
             _ => match parse_tuning(spec)? {
                 CubeLaunch::Fma(t) => set_cube_tuning(t),
                 CubeLaunch::Mma(t) => set_mma_tuning(t),
+                CubeLaunch::Dot(t) => set_dot_tuning(t),
             },
         };
         if !set {
@@ -675,7 +695,8 @@ fn main() -> Result<()> {
         // The fixed cost of one sync with nothing queued: the floor under every pass.
         arms.push(measure("sync", 0, 0, 0, &a, &timing, || Ok(()))?);
     }
-    // Each tuning (GPU only) and each passes-per-sync count gets its own read and q8 arms.
+    // Each tuning (GPU only) and each passes-per-sync count gets its own read and q8 arms, and
+    // each tuning its own q8graph arms.
     for tuning in tunings(&a, &dev)? {
         if let Some(spec) = &tuning {
             apply_tuning(spec)?;
@@ -718,6 +739,56 @@ fn main() -> Result<()> {
                 }
             }
         }
+        // Replays of the same passes per launch shape: they keep the GPU busy, so its clock
+        // stays up, where eager arms let it idle between launches and slow down.
+        if a.arms.iter().any(|s| s == "q8graph") {
+            for &t in &a.t_sweep {
+                let x = random_x(&mut rng, t, a.inp, &dev);
+                let mut graph = burn::tensor::capture(&dev, || {
+                    weights
+                        .iter()
+                        .map(|w| q8_linear(x.clone(), w, None))
+                        .collect::<Result<Vec<_>, _>>()
+                });
+                if !graph.is_hardware() {
+                    skipped.push("q8graph: this device does not capture graphs".into());
+                    break;
+                }
+                graph
+                    .output()
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let replay = || {
+                    // SAFETY: as for `readgraph`; `x` is declared before `graph`, so it
+                    // outlives it.
+                    unsafe { graph.replay() };
+                    Ok(())
+                };
+                let shaped = timing.shaped(&dev, t, a.inp);
+                arms.push(measure(
+                    "q8graph", t, a.matrices, q8_bytes, &a, &shaped, replay,
+                )?);
+                // The replays rewrote the captured outputs; they must equal a fresh eager product.
+                let replayed = graph
+                    .output()
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let same = weights.iter().zip(replayed).all(|(w, y)| {
+                    q8_linear(x.clone(), w, None)
+                        .is_ok_and(|e| e.into_data() == y.clone().into_data())
+                });
+                graph_checks.push(format!(
+                    "q8graph {} T={t}: replayed outputs equal eager: {same}",
+                    tuning.as_deref().unwrap_or("default")
+                ));
+                if !same {
+                    bail!(
+                        "q8graph {} T={t}: replayed outputs differ from the eager product",
+                        tuning.as_deref().unwrap_or("default")
+                    );
+                }
+            }
+        }
     }
     // The same passes captured once with Burn's graph capture (`burn::tensor::capture`) and
     // replayed: the recorded launches are re-encoded from prebuilt state, without the per-launch
@@ -743,48 +814,6 @@ fn main() -> Result<()> {
             )?);
         } else {
             skipped.push("readgraph: this device does not capture graphs".into());
-        }
-    }
-    if a.arms.iter().any(|s| s == "q8graph") {
-        for &t in &a.t_sweep {
-            let x = random_x(&mut rng, t, a.inp, &dev);
-            let mut graph = burn::tensor::capture(&dev, || {
-                weights
-                    .iter()
-                    .map(|w| q8_linear(x.clone(), w, None))
-                    .collect::<Result<Vec<_>, _>>()
-            });
-            if !graph.is_hardware() {
-                skipped.push("q8graph: this device does not capture graphs".into());
-                break;
-            }
-            graph
-                .output()
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let replay = || {
-                // SAFETY: as for `readgraph`; `x` is declared before `graph`, so it outlives it.
-                unsafe { graph.replay() };
-                Ok(())
-            };
-            let shaped = timing.shaped(&dev, t, a.inp);
-            arms.push(measure(
-                "q8graph", t, a.matrices, q8_bytes, &a, &shaped, replay,
-            )?);
-            // The replays rewrote the captured outputs; they must equal a fresh eager product.
-            let replayed = graph
-                .output()
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let same = weights.iter().zip(replayed).all(|(w, y)| {
-                q8_linear(x.clone(), w, None).is_ok_and(|e| e.into_data() == y.clone().into_data())
-            });
-            graph_checks.push(format!(
-                "q8graph T={t}: replayed outputs equal eager: {same}"
-            ));
-            if !same {
-                bail!("q8graph T={t}: replayed outputs differ from the eager product");
-            }
         }
     }
     for (arm, dtype, size) in [("f32", DType::F32, 4u64), ("f16", DType::F16, 2)] {

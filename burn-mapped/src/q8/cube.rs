@@ -35,6 +35,7 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::dot::{self, DotTuning};
 use super::mma::{self, MmaTuning};
 use super::ops::Q8Backend;
 
@@ -63,7 +64,9 @@ pub struct CubeTuning {
 }
 
 impl CubeTuning {
-    /// The shape for one or two activation rows unless [`set_cube_tuning`] says otherwise: on
+    /// The shape for one or two activation rows where the FMA kernel is the default (no native
+    /// dot product, or `in % 16 != 0`; see [`cube_launch`]) unless [`set_cube_tuning`] says
+    /// otherwise: on
     /// an H200 (Vulkan, SPIR-V), ranked by the device's own clock
     /// (`benches/results/h200/fusion/`): within 1 % of the fastest T = 1 product among 18
     /// shapes (0.345 ms per 12 x 88 MB, 81 % of the read kernel; 0.375 ms with the earlier
@@ -93,10 +96,10 @@ impl CubeTuning {
         vector: 2,
     };
 
-    /// The shape a product with `tile` activation rows per pass launches with unless
-    /// [`set_cube_tuning`] overrides it. Chosen per tile because the kernel is bound by
-    /// memory at one or two rows and by arithmetic and activation loads at eight, where more
-    /// rows per thread reuse each loaded activation more.
+    /// The shape a product with `tile` activation rows per pass launches with where it takes
+    /// the FMA kernel, unless [`set_cube_tuning`] overrides it. Chosen per tile because the
+    /// kernel is bound by memory at one or two rows and by arithmetic and activation loads at
+    /// eight, where more rows per thread reuse each loaded activation more.
     pub const fn default_for(tile: usize) -> CubeTuning {
         match tile {
             0..=2 => CubeTuning::DEFAULT,
@@ -136,15 +139,19 @@ pub enum CubeLaunch {
     Fma(CubeTuning),
     /// The tensor-core kernel (devices with f16 cooperative matrices; see [`MmaTuning`]).
     Mma(MmaTuning),
+    /// The dp4a kernel (every CubeCL device, native on SPIR-V; see [`DotTuning`]).
+    Dot(DotTuning),
 }
 
 /// The shape's own form (`lanes.groups.rows.unroll.read_unroll.vector` or
-/// `mma.blocks.splits.chunk`), which the benchmark's `--tunings` reads back.
+/// `mma.blocks.splits.chunk` or `dot.lanes.groups.rows.unroll`), which the benchmark's
+/// `--tunings` reads back.
 impl std::fmt::Display for CubeLaunch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CubeLaunch::Fma(t) => t.fmt(f),
             CubeLaunch::Mma(t) => t.fmt(f),
+            CubeLaunch::Dot(t) => t.fmt(f),
         }
     }
 }
@@ -187,6 +194,17 @@ pub fn set_mma_tuning(tuning: MmaTuning) -> bool {
     true
 }
 
+/// Sets the dp4a kernel with this shape for later q8 launches in this process, for every
+/// `T` whose row width it runs (`in % 16 == 0`; others keep their per-tile FMA defaults);
+/// returns `false` (and changes nothing) for a shape outside [`DotTuning`]'s ranges.
+pub fn set_dot_tuning(tuning: DotTuning) -> bool {
+    if !tuning.valid() {
+        return false;
+    }
+    set_override(Some(CubeLaunch::Dot(tuning)));
+    true
+}
+
 /// Returns later launches to the per-tile defaults ([`cube_launch`]).
 pub fn reset_cube_tuning() {
     set_override(None);
@@ -201,15 +219,29 @@ pub fn cube_tuning(t: usize) -> CubeTuning {
     }
 }
 
-/// What a product with `t` activation rows launches now where the tensor-core kernel can
-/// run or cannot (`tensor_cores`: see [`set_mma_tuning`]): the override if one is set and
-/// applies, else the FMA kernel's per-tile default.
-pub fn cube_launch(t: usize, tensor_cores: bool) -> CubeLaunch {
+/// What a product with `t` activation rows of a width both the tensor-core and the dp4a
+/// kernels run (`in % 16 == 0`) launches now, given whether the device has the fragments
+/// (`tensor_cores`: see [`set_mma_tuning`]) and a native packed int8 dot product
+/// (`native_dot`): the override if one is set and applies, else the tile's default, the dp4a
+/// kernel where the dot product is native (faster than the FMA kernel at every measured `T`
+/// on the H200, see [`DotTuning`]) and the FMA kernel elsewhere (CubeCL expands `dp4a` into
+/// shifts and multiplies on WGSL).
+pub fn cube_launch(t: usize, tensor_cores: bool, native_dot: bool) -> CubeLaunch {
+    let tile = t.clamp(1, TILE);
     match get_override() {
         Some(CubeLaunch::Mma(m)) if tensor_cores => CubeLaunch::Mma(m),
         Some(CubeLaunch::Fma(f)) => CubeLaunch::Fma(f),
-        _ => CubeLaunch::Fma(CubeTuning::default_for(t.clamp(1, TILE))),
+        Some(CubeLaunch::Dot(d)) => CubeLaunch::Dot(d),
+        _ if native_dot => CubeLaunch::Dot(DotTuning::default_for(tile)),
+        _ => CubeLaunch::Fma(CubeTuning::default_for(tile)),
     }
+}
+
+/// Whether `client` compiles `dp4a` to the device's own instruction: CubeCL's SPIR-V
+/// compiler does where Vulkan offers `shaderIntegerDotProduct` (core in Vulkan 1.3); its WGSL
+/// compiler always expands it.
+fn native_dot(client: &mma::Client) -> bool {
+    client.name() == "wgpu<spirv>"
 }
 
 /// Whether `device` is a CubeCL device whose client offers the tensor-core kernel's
@@ -231,15 +263,20 @@ pub fn planned_launch(device: &burn::tensor::Device, t: usize, inp: usize) -> Op
     }
 }
 
-/// The one launch decision: the tensor-core kernel where it is asked for and runs, else the
-/// FMA kernel (the override's shape or the tile's default).
+/// The one launch decision: the tensor-core or dp4a kernel where it is asked for (or the
+/// default) and runs, else the FMA kernel (the override's shape or the tile's default).
 fn launch_on(client: &mma::Client, t: usize, inp: usize) -> CubeLaunch {
     let tile = t.clamp(1, TILE);
-    let tensor_cores = mma::fits(inp) && mma::available(client);
-    match cube_launch(tile, tensor_cores) {
-        CubeLaunch::Mma(m) if !mma::fits_shared(client, &m) => {
-            CubeLaunch::Fma(CubeTuning::default_for(tile))
-        }
+    let fma = CubeLaunch::Fma(CubeTuning::default_for(tile));
+    let wide = mma::fits(inp) && dot::fits(inp);
+    if !wide {
+        return match get_override() {
+            Some(CubeLaunch::Fma(f)) => CubeLaunch::Fma(f),
+            _ => fma,
+        };
+    }
+    match cube_launch(tile, mma::available(client), native_dot(client)) {
+        CubeLaunch::Mma(m) if !mma::fits_shared(client, &m) => fma,
         launch => launch,
     }
 }
@@ -343,31 +380,9 @@ fn q8_gemm_kernel<N: Size>(
     // Vec4 activations per row: in / 4.
     let x_row = words * n;
 
-    let mut acc = Array::<f32>::new(rows * tile);
-    #[unroll]
-    for i in 0..rows * tile {
-        acc[i] = 0.0;
-    }
-    // Rows and columns past the end read the last valid one (no divergence in the loop);
-    // their results are never written.
-    let mut row_base = Array::<usize>::new(rows);
-    #[unroll]
-    for r in 0..rows {
-        let mut row = row0 + r;
-        if row >= out {
-            row = out - 1;
-        }
-        row_base[r] = row * words;
-    }
-    let mut x_base = Array::<usize>::new(tile);
-    #[unroll]
-    for j in 0..tile {
-        let mut t = t0 + j;
-        if t >= t_total {
-            t = t_total - 1;
-        }
-        x_base[j] = t * x_row;
-    }
+    let mut acc = zeros(rows * tile);
+    let row_base = clamped_bases(row0, out, words, rows);
+    let x_base = clamped_bases(t0, t_total, x_row, tile);
 
     let mut k = lane;
     // Main loop: `unroll` strides of every row are loaded before any arithmetic, so
@@ -407,6 +422,66 @@ fn q8_gemm_kernel<N: Size>(
         k += lanes;
     }
 
+    write_rows(
+        &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, has_bias,
+    );
+}
+
+/// `n` zeros: a thread's accumulators.
+#[cube]
+pub(super) fn zeros(#[comptime] n: usize) -> Array<f32> {
+    let mut a = Array::<f32>::new(n);
+    #[unroll]
+    for i in 0..n {
+        a[i] = 0.0;
+    }
+    a
+}
+
+/// The offsets `(first + i) * stride` for `i < n`, an index past `count` clamped to the
+/// last: rows and activation rows past the end read the last valid one (no divergence in
+/// the loop), and their results are never written.
+#[cube]
+pub(super) fn clamped_bases(
+    first: usize,
+    count: usize,
+    stride: usize,
+    #[comptime] n: usize,
+) -> Array<usize> {
+    let mut base = Array::<usize>::new(n);
+    #[unroll]
+    for i in 0..n {
+        let mut v = first + i;
+        if v >= count {
+            v = count - 1;
+        }
+        base[i] = v * stride;
+    }
+    base
+}
+
+/// Adds the lanes' partial sums of each of a group's `rows` output rows (one activation row
+/// per lane of the first `tile`) through shared memory, scales them by the row's scale, adds
+/// the bias and writes them: the common end of the FMA and dp4a kernels.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_rows(
+    acc: &Array<f32>,
+    scales: &[u32],
+    bias: &[f32],
+    y: &mut [f32],
+    t_total: usize,
+    out: usize,
+    row0: usize,
+    t0: usize,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] has_bias: bool,
+) {
+    let lane = UNIT_POS_X as usize;
+    let group = UNIT_POS_Y as usize;
     let mut partial = Shared::<[f32]>::new_slice(lanes * groups * tile);
     let slot = (group * lanes + lane) * tile;
     #[unroll]
@@ -601,6 +676,10 @@ fn run(
             mma::run(&x, &values, &scales, bias.as_ref(), &y, m);
             return CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32);
         }
+        CubeLaunch::Dot(d) => {
+            dot::run(&x, &values, &scales, bias.as_ref(), &y, d);
+            return CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32);
+        }
         CubeLaunch::Fma(tuning) => tuning,
     };
     let n = if tuning.vector >= 4 && inp.is_multiple_of(16) {
@@ -680,6 +759,9 @@ mod tests {
             assert!(CubeTuning::default_for(tile).valid(), "tile {tile}");
         }
         assert!(MmaTuning::DEFAULT.valid());
+        for tile in 0..=TILE + 1 {
+            assert!(DotTuning::default_for(tile).valid(), "tile {tile}");
+        }
     }
 
     /// The only test in this binary that touches the process-wide shape; no unit test
@@ -690,9 +772,16 @@ mod tests {
         let wide = [3, 8, 100].map(|t| (t, CubeTuning::WIDE));
         for (t, want) in narrow.into_iter().chain(wide) {
             assert_eq!(cube_tuning(t), want, "T = {t}");
-            // The tensor-core kernel is opt-in: no default takes it.
+            // The tensor-core kernel is opt-in: no default takes it; the dp4a kernel is the
+            // default where the dot product is native.
+            let dot = CubeLaunch::Dot(DotTuning::default_for(t.clamp(1, TILE)));
             for cores in [false, true] {
-                assert_eq!(cube_launch(t, cores), CubeLaunch::Fma(want), "T = {t}");
+                assert_eq!(
+                    cube_launch(t, cores, false),
+                    CubeLaunch::Fma(want),
+                    "T = {t}"
+                );
+                assert_eq!(cube_launch(t, cores, true), dot, "T = {t}");
             }
         }
         let other = CubeTuning {
@@ -702,7 +791,11 @@ mod tests {
         assert!(set_cube_tuning(other));
         for t in [1, 2, 3, 8, 100] {
             assert_eq!(cube_tuning(t), other, "T = {t}");
-            assert_eq!(cube_launch(t, true), CubeLaunch::Fma(other), "T = {t}");
+            assert_eq!(
+                cube_launch(t, true, true),
+                CubeLaunch::Fma(other),
+                "T = {t}"
+            );
         }
         let mma = MmaTuning {
             blocks: 1,
@@ -717,14 +810,38 @@ mod tests {
             chunk: 8
         }));
         for t in [1, 2, 3, 8, 100] {
-            assert_eq!(cube_launch(t, true), CubeLaunch::Mma(mma), "T = {t}");
+            assert_eq!(cube_launch(t, true, false), CubeLaunch::Mma(mma), "T = {t}");
             let fma = CubeTuning::default_for(t.clamp(1, TILE));
-            assert_eq!(cube_launch(t, false), CubeLaunch::Fma(fma), "T = {t}");
+            assert_eq!(
+                cube_launch(t, false, false),
+                CubeLaunch::Fma(fma),
+                "T = {t}"
+            );
             assert_eq!(cube_tuning(t), fma, "T = {t}");
+        }
+        let dot = DotTuning {
+            rows: 2,
+            ..DotTuning::MANY
+        };
+        assert!(set_dot_tuning(dot));
+        assert!(!set_dot_tuning(DotTuning { lanes: 4, ..dot }));
+        assert!(!set_dot_tuning(DotTuning { groups: 16, ..dot }));
+        assert!(!set_dot_tuning(DotTuning { rows: 17, ..dot }));
+        for t in [1, 2, 3, 8, 100] {
+            for cores in [false, true] {
+                assert_eq!(
+                    cube_launch(t, cores, false),
+                    CubeLaunch::Dot(dot),
+                    "T = {t}"
+                );
+            }
         }
         reset_cube_tuning();
         assert_eq!(cube_tuning(1), CubeTuning::DEFAULT);
         assert_eq!(cube_tuning(8), CubeTuning::WIDE);
-        assert_eq!(cube_launch(8, true), CubeLaunch::Fma(CubeTuning::WIDE));
+        assert_eq!(
+            cube_launch(8, true, false),
+            CubeLaunch::Fma(CubeTuning::WIDE)
+        );
     }
 }

@@ -15,8 +15,8 @@
 //! weights.
 //!
 //! Opt-in ([`super::set_mma_tuning`]): on the H200 it matches the f64 reference at every
-//! tested shape but is slower than the FMA kernel at every `T` (see [`MmaTuning`]), so no
-//! product takes it by default.
+//! tested shape but is slower than the FMA and dp4a kernels at every `T` (see
+//! [`MmaTuning`]), so no product takes it by default.
 //!
 //! Two launches per product: [`split_kernel`] (activations to the B layout, a few hundred KB
 //! at most) and [`mma_kernel`], both on the activation tensor's client, so both are ordered
@@ -58,7 +58,8 @@ const SHARED_BYTES: usize = 48 * 1024;
 ///
 /// Opt-in ([`set_mma_tuning`](super::set_mma_tuning)). Measured on the H200 (Vulkan, device
 /// clock, 12 protocol GEMVs of 12288 x 7168): the best shape, `mma.2.8.2`, takes 1.25 ms at
-/// every `T` against the FMA kernel's 0.34 ms at `T = 1` and 0.78 ms at `T = 8`. Probes that
+/// every `T` against the FMA kernel's 0.34 ms at `T = 1` and 0.78 ms at `T = 8` (the dp4a
+/// kernel's, [`DotTuning`](super::DotTuning), 0.33 and 0.57 ms). Probes that
 /// dropped parts of the kernel put the cost in latency, not arithmetic: with no fragment work
 /// at all the loads and widening alone took 0.89 ms, and loading B once instead of per step
 /// saved 0.57 ms; too few warps are in flight per SM (one cube per 32 rows of 12288) to hide

@@ -33,13 +33,17 @@
 //!   The int8 buffer is read as 32-bit words, four values each, so `in` must be a multiple of
 //!   4 on a GPU ([`Q8Error::GpuPacking`] otherwise). Up to 8 activation rows share a pass;
 //!   more take `ceil(T / 8)` passes in one dispatch. With the `fusion` feature the op is a
-//!   custom operation in Burn's fusion stream. A second CubeCL kernel, on tensor cores
-//!   (f16 cooperative matrices, SPIR-V), is opt-in through [`set_mma_tuning`] until it has
-//!   run on such a device ([`MmaTuning`]).
+//!   custom operation in Burn's fusion stream. Where `dp4a` is native (SPIR-V) and `in % 16
+//!   == 0`, the product takes a second kernel on packed int8 dot products instead, with the
+//!   activations split per block of 16 into 16-bit integers ([`DotTuning`]; faster on the
+//!   H200 at every `T`). A third, on tensor cores (f16 cooperative matrices, SPIR-V), is
+//!   opt-in through [`set_mma_tuning`]: slower on the H200 ([`MmaTuning`]).
 
 mod cpu;
 #[cfg(feature = "wgpu")]
 mod cube;
+#[cfg(feature = "wgpu")]
+mod dot;
 mod error;
 #[cfg(feature = "wgpu")]
 mod mma;
@@ -54,8 +58,10 @@ pub use cpu::{TILE_T as CPU_TILE_T, cpu_kernel_name, cpu_threads, set_cpu_thread
 #[cfg(feature = "wgpu")]
 pub use cube::{
     CubeLaunch, CubeTuning, TILE as GPU_TILE_T, cube_launch, cube_tuning, planned_launch,
-    reset_cube_tuning, set_cube_tuning, set_mma_tuning, tensor_cores,
+    reset_cube_tuning, set_cube_tuning, set_dot_tuning, set_mma_tuning, tensor_cores,
 };
+#[cfg(feature = "wgpu")]
+pub use dot::{DOT_Q_MAX, DotTuning};
 pub use error::Q8Error;
 #[cfg(feature = "wgpu")]
 pub use mma::MmaTuning;

@@ -97,6 +97,40 @@ pub fn reference(
     res
 }
 
+/// [`reference`] for the dp4a kernel, whose activations are rounded per block of `block`
+/// values to `s * q` with `s = max |x| / q_max` and integer `q`, `|x - s q| <= s / 2`: the
+/// bound adds `|scale| * sum_i |q_i| * s_b(i) / 2` (with 2 % margin for the kernel's f32
+/// `s` and `1 / s`) to the f32 one. Integer products and their per-block sums are exact.
+#[allow(clippy::too_many_arguments)]
+pub fn reference_dot(
+    x: &[f32],
+    q: &[i8],
+    scales: &[f16],
+    bias: Option<&[f32]>,
+    t: usize,
+    out: usize,
+    inp: usize,
+    block: usize,
+    q_max: f64,
+) -> Vec<(f64, f64)> {
+    let mut res = reference(x, q, scales, bias, t, out, inp);
+    for tt in 0..t {
+        let row = &x[tt * inp..(tt + 1) * inp];
+        let half_step: Vec<f64> = row
+            .chunks(block)
+            .map(|b| b.iter().fold(0f64, |m, v| m.max(f64::from(v.abs()))) / q_max / 2.0)
+            .collect();
+        for o in 0..out {
+            let s = scales[o].to_f64().abs();
+            let err: f64 = (0..inp)
+                .map(|i| f64::from(q[o * inp + i].unsigned_abs()) * half_step[i / block])
+                .sum();
+            res[tt * out + o].1 += 1.02 * s * err;
+        }
+    }
+    res
+}
+
 /// Asserts `got` (`[t, out]`) is within the bound of the reference everywhere; NaN (an
 /// element the kernel never wrote) fails.
 pub fn assert_close(got: &[f32], want: &[(f64, f64)], out: usize, ctx: &str) {

@@ -1,0 +1,373 @@
+//! The q8 product on packed int8 dot products (`dp4a`: SPIR-V's `OpSDot` on packed 4x8-bit
+//! operands, native where Vulkan offers `shaderIntegerDotProduct`; CubeCL lowers it to
+//! shifts and multiplies elsewhere, WGSL included, so the kernel is correct everywhere and
+//! fast where the instruction is).
+//!
+//! Why: from a few activation rows on, the FMA kernel ([`super::cube`]) spends its time on
+//! arithmetic, one f32 FMA per weight and activation row plus the unpacking of each byte.
+//! Here one instruction multiplies four weights by four activation bytes and adds them, the
+//! weights need no unpacking, and the activations a lane reads shrink from 64 to 32 bytes
+//! per 16 weights.
+//!
+//! Activations: [`quantize_kernel`] splits each block of [`BLOCK`] activations of a row
+//! into 16-bit integers `q` with one f32 scale per block (`s = max |x| / 32639`, `x ≈ s *
+//! q`, `|x - s * q| <= s / 2`), and each `q` into a high and a low signed byte
+//! (`q = 256 * hi + lo`, hence the bound 32639 = 127 * 256 + 127). So every activation keeps
+//! ~16 significant bits relative to its block's largest magnitude: finer than the f16 the
+//! fp16 reference arms compute in (11 bits, relative to the value itself, but a block of 16
+//! spans few magnitudes). Products are exact in i32 per block (at most 16 * 127 * 32767),
+//! then scaled and added in f32. Non-finite activations make their block's scale NaN, so
+//! they propagate as NaN.
+//!
+//! Two launches per product, both on the activation tensor's client (ordered on Burn's
+//! stream, no host synchronization): the split (`T * in / 16` threads) and the product, laid
+//! out like the FMA kernel ([`DotTuning`]). Needs `in % 16 == 0` (a block is one 16-byte
+//! load of weights); other widths take the FMA kernel. The default where `dp4a` is native
+//! (SPIR-V): on the H200 it beats the FMA kernel at every measured `T` and cuBLAS fp16 too
+//! (see the shapes' docs). Elsewhere opt-in ([`set_dot_tuning`](super::set_dot_tuning)).
+
+use burn_cubecl::cubecl;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::cube::{TILE, clamped_bases, write_rows, zeros};
+
+/// Activations per block: one scale each, and one 16-byte load of weights.
+pub(super) const BLOCK: usize = 16;
+
+/// The largest `|q|`: `127 * 256 + 127`, so both bytes of `q = 256 * hi + lo` are int8.
+pub const DOT_Q_MAX: f32 = 32639.0;
+
+/// Threads per cube of the split.
+const QUANT_THREADS: usize = 64;
+
+/// Four words: 16 int8 values.
+type Word4 = Vector<i32, Const<4>>;
+
+/// Launch shape of the dp4a kernel, the FMA kernel's layout ([`super::CubeTuning`]) with
+/// 16-byte weight loads; every field is a compile-time constant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DotTuning {
+    /// Threads that share one output row, striding along it together; at least [`TILE`].
+    pub lanes: usize,
+    /// Row groups per cube (`lanes * groups` threads, at most 256).
+    pub groups: usize,
+    /// Output rows per thread.
+    pub rows: usize,
+    /// Strides along the row loaded before any arithmetic.
+    pub unroll: usize,
+}
+
+impl DotTuning {
+    /// One activation row where the kernel is the default: measured on the H200 (Vulkan,
+    /// SPIR-V, replayed passes, device clock, `benches/results/h200/dot/planes-graph/`) at
+    /// 0.328 ms per 12 x 88 MB pass, 85 % of the read kernel's 0.279 ms (the FMA kernel's
+    /// default 0.344 ms).
+    pub const ONE: DotTuning = DotTuning {
+        lanes: 32,
+        groups: 4,
+        rows: 2,
+        unroll: 4,
+    };
+
+    /// Two to four activation rows: T = 2 0.375 ms, T = 4 0.450 ms on the H200 (FMA 0.425,
+    /// 0.557; cuBLAS fp16 0.60). Four rows per 64-lane pair of planes balance activation
+    /// reuse against registers; T = 3 takes it by interpolation.
+    pub const FEW: DotTuning = DotTuning {
+        lanes: 64,
+        groups: 4,
+        rows: 2,
+        unroll: 2,
+    };
+
+    /// Five to eight activation rows: eight output rows per thread reuse each activation load
+    /// eight times, one stride in flight keeps the registers for them: T = 8 0.566 ms on the
+    /// H200 (FMA 0.776, cuBLAS fp16 0.600 in the same call); T = 5-7 by interpolation.
+    pub const MANY: DotTuning = DotTuning {
+        lanes: 32,
+        groups: 4,
+        rows: 8,
+        unroll: 1,
+    };
+
+    /// The shape a product with `tile` activation rows per pass takes where the kernel is the
+    /// default (a native dot product) and no override is set.
+    pub const fn default_for(tile: usize) -> DotTuning {
+        match tile {
+            0..=1 => DotTuning::ONE,
+            2..=4 => DotTuning::FEW,
+            _ => DotTuning::MANY,
+        }
+    }
+
+    pub(super) fn valid(&self) -> bool {
+        let small = |v: usize| (1..=16).contains(&v);
+        self.lanes >= TILE
+            && self.groups >= 1
+            && self.lanes * self.groups <= 256
+            && small(self.rows)
+            && small(self.unroll)
+    }
+}
+
+/// `dot.lanes.groups.rows.unroll`: the form the benchmark's `--tunings` reads.
+impl std::fmt::Display for DotTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "dot.{}.{}.{}.{}",
+            self.lanes, self.groups, self.rows, self.unroll
+        )
+    }
+}
+
+/// Whether the kernel runs a row of `inp` values (whole blocks).
+pub(super) fn fits(inp: usize) -> bool {
+    inp.is_multiple_of(BLOCK)
+}
+
+/// Splits each block of [`BLOCK`] activations into its scale `xs[b]` and two vectors of four
+/// words, `xq[b]` the high bytes and `xq[blocks + b]` the low bytes of `q`, in the order of
+/// the values: two planes, so the lanes' loads of either are contiguous. One thread per block
+/// of every activation row.
+#[cube(launch_unchecked)]
+fn quantize_kernel(x: &[Vector<f32, Const<4>>], xq: &mut [Word4], xs: &mut [f32], blocks: usize) {
+    let b = ABSOLUTE_POS;
+    if b < blocks {
+        let mut v = Array::<Vector<f32, Const<4>>>::new(4usize);
+        let mut m = 0.0f32;
+        let mut finite = true;
+        #[unroll]
+        for i in 0..4usize {
+            v[i] = x[b * 4 + i];
+            #[unroll]
+            for c in 0..4usize {
+                let a = f32::abs(v[i].extract(c));
+                // NaN fails the comparison too. (The NaN below is spelled as bits: WGSL has no NaN
+                // literal.)
+                finite = finite && a <= f32::MAX;
+                m = f32::max(m, a);
+            }
+        }
+        let mut inv = 0.0f32;
+        if m > 0.0 {
+            inv = DOT_Q_MAX / m;
+        }
+        let mut s = m / DOT_Q_MAX;
+        if !finite {
+            s = f32::reinterpret(0x7FC0_0000u32);
+            inv = 0.0;
+        }
+        let mut hi = Word4::new(0i32);
+        let mut lo = Word4::new(0i32);
+        #[unroll]
+        for i in 0..4usize {
+            let mut hw = 0u32;
+            let mut lw = 0u32;
+            #[unroll]
+            for c in 0..4usize {
+                // `u = q + 32896` lies in [257, 65535]: its high byte is `hi + 128` and its
+                // low byte `lo + 128`, so flipping each byte's top bit leaves the int8 bits.
+                let q = f32::clamp(f32::round(v[i].extract(c) * inv), -DOT_Q_MAX, DOT_Q_MAX);
+                let u = u32::cast_from(q + 32896.0);
+                hw |= ((u >> 8) ^ 0x80u32) << (8 * c as u32);
+                lw |= ((u & 255u32) ^ 0x80u32) << (8 * c as u32);
+            }
+            hi.insert(i, i32::reinterpret(hw));
+            lo.insert(i, i32::reinterpret(lw));
+        }
+        xq[b] = hi;
+        xq[blocks + b] = lo;
+        xs[b] = s;
+    }
+}
+
+/// Adds one stride of `rows` weight blocks (`wv[first..first + rows]`, block `blk` of each
+/// row) times the tile's activation blocks (low plane at `lo_at`) into `acc`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dot_step(
+    wv: &Array<Word4>,
+    first: usize,
+    xq: &[Word4],
+    xs: &[f32],
+    x_base: &Array<usize>,
+    lo_at: usize,
+    blk: usize,
+    acc: &mut Array<f32>,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+) {
+    #[unroll]
+    for j in 0..tile {
+        let b = x_base[j] + blk;
+        let hi = xq[b];
+        let lo = xq[lo_at + b];
+        let s = xs[b];
+        #[unroll]
+        for r in 0..rows {
+            let w = wv[first + r];
+            let mut h = dp4a(w.extract(0usize), hi.extract(0usize), 0i32);
+            h = dp4a(w.extract(1usize), hi.extract(1usize), h);
+            h = dp4a(w.extract(2usize), hi.extract(2usize), h);
+            h = dp4a(w.extract(3usize), hi.extract(3usize), h);
+            // |256 h + lo-sum| <= 16 * 127 * 32639: exact in i32.
+            let mut q = dp4a(w.extract(0usize), lo.extract(0usize), h << 8);
+            q = dp4a(w.extract(1usize), lo.extract(1usize), q);
+            q = dp4a(w.extract(2usize), lo.extract(2usize), q);
+            q = dp4a(w.extract(3usize), lo.extract(3usize), q);
+            acc[r * tile + j] += s * f32::cast_from(q);
+        }
+    }
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn dot_kernel(
+    xq: &[Word4],
+    xs: &[f32],
+    w: &[Word4],
+    scales: &[u32],
+    bias: &[f32],
+    y: &mut [f32],
+    t_total: usize,
+    out: usize,
+    nblk: usize,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] unroll: usize,
+    #[comptime] has_bias: bool,
+) {
+    let lane = UNIT_POS_X as usize;
+    let group = UNIT_POS_Y as usize;
+    let row0 = (CUBE_POS_X as usize * groups + group) * rows;
+    let t0 = CUBE_POS_Y as usize * tile;
+
+    let mut acc = zeros(rows * tile);
+    let row_base = clamped_bases(row0, out, nblk, rows);
+    let x_base = clamped_bases(t0, t_total, nblk, tile);
+
+    let lo_at = t_total * nblk;
+    let mut k = lane;
+    while k + (unroll - 1) * lanes < nblk {
+        let mut wv = Array::<Word4>::new(rows * unroll);
+        #[unroll]
+        for u in 0..unroll {
+            #[unroll]
+            for r in 0..rows {
+                wv[u * rows + r] = w[row_base[r] + k + u * lanes];
+            }
+        }
+        #[unroll]
+        for u in 0..unroll {
+            dot_step(
+                &wv,
+                u * rows,
+                xq,
+                xs,
+                &x_base,
+                lo_at,
+                k + u * lanes,
+                &mut acc,
+                tile,
+                rows,
+            );
+        }
+        k += unroll * lanes;
+    }
+    while k < nblk {
+        let mut wv = Array::<Word4>::new(rows);
+        #[unroll]
+        for r in 0..rows {
+            wv[r] = w[row_base[r] + k];
+        }
+        dot_step(&wv, 0, xq, xs, &x_base, lo_at, k, &mut acc, tile, rows);
+        k += lanes;
+    }
+    write_rows(
+        &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, has_bias,
+    );
+}
+
+/// The split activations of `x` (`[t, inp]` f32, contiguous, `inp % 16 == 0`): the high and
+/// then the low plane, `t * inp / 16` vectors of four words each, and the scales
+/// `[t * inp / 16]`, on `x`'s client.
+pub(super) fn quantize(x: &CubeTensor) -> (Handle, Handle) {
+    let [t, inp] = x.meta.shape().dims::<2>();
+    let blocks = t * inp / BLOCK;
+    let client = x.client.clone();
+    let xq = client.empty(blocks * 2 * BLOCK);
+    let xs = client.empty(blocks * size_of::<f32>());
+    // SAFETY: `x` holds `t * inp / 4` vec4 f32 (four per block); `xq` `2 * blocks` vectors
+    // of four words and `xs` `blocks` f32, each written once by thread `b < blocks`.
+    unsafe {
+        quantize_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(blocks.div_ceil(QUANT_THREADS) as u32, 1, 1),
+            CubeDim::new_1d(QUANT_THREADS as u32),
+            BufferArg::from_raw_parts(x.handle.clone(), t * inp / 4),
+            BufferArg::from_raw_parts(xq.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(xs.clone(), blocks),
+            blocks,
+        );
+    }
+    (xq, xs)
+}
+
+/// The dp4a product `y = x W^T * scale (+ bias)`, on `x`'s client. `x`, `values`, `scales`
+/// and `bias` are contiguous and checked by the caller (`inp % 16 == 0` through [`fits`]);
+/// `y` is the caller's output (`[t, out]` f32).
+pub(super) fn run(
+    x: &CubeTensor,
+    values: &CubeTensor,
+    scales: &CubeTensor,
+    bias: Option<&CubeTensor>,
+    y: &Handle,
+    tuning: DotTuning,
+) {
+    let [t, inp] = x.meta.shape().dims::<2>();
+    let out = values.meta.shape().dims::<2>()[0];
+    let client = x.client.clone();
+    let nblk = inp / BLOCK;
+    let tile = t.min(TILE);
+    let (xq, xs) = quantize(x);
+    let rows_per_cube = tuning.groups * tuning.rows;
+    let count = CubeCount::Static(
+        out.div_ceil(rows_per_cube) as u32,
+        t.div_ceil(tile) as u32,
+        1,
+    );
+    let bias_arg = bias.unwrap_or(scales);
+    let bias_len = if bias.is_some() { out } else { 1 };
+    // SAFETY: lengths are in elements of the bound type: `xq` `2 * t * nblk` vectors of four
+    // words and `xs` `t * nblk` f32 as [`quantize`] wrote them, `values` `out * inp` bytes as
+    // `out * nblk` vectors of four words, `scales` `out` f16 rounded up to words, `bias`
+    // `out` f32 (or one word of the scales, never read without a bias), `y` `t * out` f32.
+    // The kernel clamps every row and activation row to these bounds and writes each `y`
+    // element at most once.
+    unsafe {
+        dot_kernel::launch_unchecked(
+            &client,
+            count,
+            CubeDim::new_2d(tuning.lanes as u32, tuning.groups as u32),
+            BufferArg::from_raw_parts(xq, 2 * t * nblk),
+            BufferArg::from_raw_parts(xs, t * nblk),
+            BufferArg::from_raw_parts(values.handle.clone(), out * nblk),
+            BufferArg::from_raw_parts(scales.handle.clone(), out.div_ceil(2)),
+            BufferArg::from_raw_parts(bias_arg.handle.clone(), bias_len),
+            BufferArg::from_raw_parts(y.clone(), t * out),
+            t,
+            out,
+            nblk,
+            tile,
+            tuning.rows,
+            tuning.lanes,
+            tuning.groups,
+            tuning.unroll,
+            bias.is_some(),
+        );
+    }
+}
