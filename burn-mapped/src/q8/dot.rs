@@ -13,10 +13,10 @@
 //! into 16-bit integers `q` with one f32 scale per block (`s = max |x| / 32639`, `x ≈ s *
 //! q`, `|x - s * q| <= s / 2`), and each `q` into a high and a low signed byte
 //! (`q = 256 * hi + lo`, hence the bound 32639 = 127 * 256 + 127). So every activation keeps
-//! ~16 significant bits relative to its block's largest magnitude: finer than the f16 the
-//! fp16 reference arms compute in (11 bits, relative to the value itself, but a block of 16
-//! spans few magnitudes). Products are exact in i32 per block (at most 16 * 127 * 32767),
-//! then scaled and added in f32. Non-finite activations make their block's scale NaN, so
+//! ~16 significant bits relative to its block's largest magnitude; f16 (what the fp16
+//! reference arms compute in) keeps 11 relative to each value, so the split is the finer of
+//! the two for every value within 2^5 of its block's largest. Products are exact in i32 per
+//! block (at most 16 * 127 * 32639), then scaled and added in f32. Non-finite activations make their block's scale NaN, so
 //! they propagate as NaN.
 //!
 //! Two launches per product, both on the activation tensor's client (ordered on Burn's
