@@ -245,6 +245,40 @@ fn every_launch_shape_matches_the_f64_reference() {
     }
 }
 
+/// `t` fresh activation rows of `inp` values, row 1 (where there is one) scaled by 1e6 and
+/// row 2 by 1e-9: magnitudes far past f16's range and below its normal range.
+fn spread_rows(rng: &mut Rng, t: usize, inp: usize) -> Vec<f32> {
+    let mut x = rng.vec_nonzero(t * inp);
+    for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
+        if row < t {
+            x[row * inp..(row + 1) * inp]
+                .iter_mut()
+                .for_each(|v| *v *= factor);
+        }
+    }
+    x
+}
+
+/// Runs the weight on `x` (`t` rows) without and with a fresh bias, each held to the f64
+/// reference of the kernel it launches; `label` names the launch shape in failures.
+fn check_both_biases(
+    device: &Device,
+    rng: &mut Rng,
+    x: &[f32],
+    (q, s, w): (&[i8], &[f16], &Q8Weight),
+    t: usize,
+    label: &str,
+) {
+    let (out, inp) = (w.out_features(), w.in_features());
+    let b = rng.vec_nonzero(out);
+    for bias in [None, Some(b.as_slice())] {
+        let got = run(x, w, bias, t, device);
+        let want = expected(device, x, q, s, bias, t, out, inp);
+        let ctx = format!("{API} {label} [{out}, {inp}] T={t} bias={}", bias.is_some());
+        assert_close(&got, &want, out, &ctx);
+    }
+}
+
 /// The tensor-core kernel (devices with f16 cooperative matrices; none in CI, whose lavapipe
 /// has no such fragments, so there this test only checks that none were reported) at every
 /// `T` and several shapes: one and two row blocks per plane, one to eight planes per row
@@ -295,27 +329,17 @@ fn every_tensor_core_shape_matches_the_f64_reference() {
             chunk,
         };
         assert!(set_mma_tuning(tuning), "{tuning}");
-        for ((out, inp), (q, s, w)) in shapes.iter().copied().zip(&weights) {
+        for ((_, inp), (q, s, w)) in shapes.iter().copied().zip(&weights) {
             for t in (1..=8).chain([11]) {
-                let mut x = rng.vec_nonzero(t * inp);
-                // Row 1 (where there is one) huge, row 2 tiny.
-                for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
-                    if row < t {
-                        x[row * inp..(row + 1) * inp]
-                            .iter_mut()
-                            .for_each(|v| *v *= factor);
-                    }
-                }
-                let b = rng.vec_nonzero(out);
-                for bias in [None, Some(b.as_slice())] {
-                    let got = run(&x, w, bias, t, &device);
-                    let want = expected(&device, &x, q, s, bias, t, out, inp);
-                    let ctx = format!(
-                        "{API} {tuning} [{out}, {inp}] T={t} bias={}",
-                        bias.is_some()
-                    );
-                    assert_close(&got, &want, out, &ctx);
-                }
+                let x = spread_rows(&mut rng, t, inp);
+                check_both_biases(
+                    &device,
+                    &mut rng,
+                    &x,
+                    (q.as_slice(), s.as_slice(), w),
+                    t,
+                    &tuning.to_string(),
+                );
             }
         }
     }
@@ -393,27 +417,18 @@ fn every_dot_shape_matches_the_f64_reference() {
             let dot = planned_launch(&device, 3, inp) == Some(CubeLaunch::Dot(tuning));
             assert_eq!(dot, inp % 16 == 0, "{tuning} [{out}, {inp}]");
             for &t in &ts {
-                let mut x = rng.vec_nonzero(t * inp);
-                for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
-                    if row < t {
-                        x[row * inp..(row + 1) * inp]
-                            .iter_mut()
-                            .for_each(|v| *v *= factor);
-                    }
-                }
+                let mut x = spread_rows(&mut rng, t, inp);
                 if t > 3 {
                     x[3 * inp + inp / 2] *= 1000.0;
                 }
-                let b = rng.vec_nonzero(out);
-                for bias in [None, Some(b.as_slice())] {
-                    let got = run(&x, w, bias, t, &device);
-                    let want = expected(&device, &x, q, s, bias, t, out, inp);
-                    let ctx = format!(
-                        "{API} {tuning} [{out}, {inp}] T={t} bias={}",
-                        bias.is_some()
-                    );
-                    assert_close(&got, &want, out, &ctx);
-                }
+                check_both_biases(
+                    &device,
+                    &mut rng,
+                    &x,
+                    (q.as_slice(), s.as_slice(), w),
+                    t,
+                    &tuning.to_string(),
+                );
             }
         }
     }

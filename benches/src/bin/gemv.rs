@@ -207,16 +207,21 @@ fn tunings(a: &Args, dev: &Device) -> Result<Vec<Option<String>>> {
     Ok(vec![None])
 }
 
+/// The dot-separated counts of `spec`, if they are `lens` many (one of them).
+#[cfg(feature = "wgpu")]
+fn counts(spec: &str, lens: &[usize]) -> Option<Vec<usize>> {
+    spec.split('.')
+        .map(|s| s.parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .filter(|v| lens.contains(&v.len()))
+}
+
 #[cfg(feature = "wgpu")]
 fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeLaunch> {
-    use burn_mapped::q8::{CubeLaunch, DotTuning, MmaTuning};
+    use burn_mapped::q8::{CubeLaunch, CubeTuning, DotTuning, MmaTuning};
     if let Some(rest) = spec.strip_prefix("dot.") {
-        let v = rest
-            .split('.')
-            .map(|s| s.parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()
-            .ok()
-            .filter(|v| v.len() == 4)
+        let v = counts(rest, &[4])
             .with_context(|| format!("--tunings: `{spec}` is not dot.lanes.groups.rows.unroll"))?;
         return Ok(CubeLaunch::Dot(DotTuning {
             lanes: v[0],
@@ -226,12 +231,7 @@ fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeLaunch> {
         }));
     }
     if let Some(rest) = spec.strip_prefix("mma.") {
-        let v = rest
-            .split('.')
-            .map(|s| s.parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()
-            .ok()
-            .filter(|v| v.len() == 3)
+        let v = counts(rest, &[3])
             .with_context(|| format!("--tunings: `{spec}` is not mma.blocks.splits.chunk"))?;
         return Ok(CubeLaunch::Mma(MmaTuning {
             blocks: v[0],
@@ -239,16 +239,10 @@ fn parse_tuning(spec: &str) -> Result<burn_mapped::q8::CubeLaunch> {
             chunk: v[2],
         }));
     }
-    let v = spec
-        .split('.')
-        .map(|s| s.parse::<usize>())
-        .collect::<Result<Vec<_>, _>>()
-        .ok()
-        .filter(|v| v.len() == 5 || v.len() == 6)
-        .with_context(|| {
-            format!("--tunings: `{spec}` is not lanes.groups.rows.unroll.read_unroll[.vector]")
-        })?;
-    Ok(CubeLaunch::Fma(burn_mapped::q8::CubeTuning {
+    let v = counts(spec, &[5, 6]).with_context(|| {
+        format!("--tunings: `{spec}` is not lanes.groups.rows.unroll.read_unroll[.vector]")
+    })?;
+    Ok(CubeLaunch::Fma(CubeTuning {
         lanes: v[0],
         groups: v[1],
         rows: v[2],
@@ -777,15 +771,12 @@ fn main() -> Result<()> {
                     q8_linear(x.clone(), w, None)
                         .is_ok_and(|e| e.into_data() == y.clone().into_data())
                 });
+                let label = tuning.as_deref().unwrap_or("default");
                 graph_checks.push(format!(
-                    "q8graph {} T={t}: replayed outputs equal eager: {same}",
-                    tuning.as_deref().unwrap_or("default")
+                    "q8graph {label} T={t}: replayed outputs equal eager: {same}"
                 ));
                 if !same {
-                    bail!(
-                        "q8graph {} T={t}: replayed outputs differ from the eager product",
-                        tuning.as_deref().unwrap_or("default")
-                    );
+                    bail!("q8graph {label} T={t}: replayed outputs differ from the eager product");
                 }
             }
         }

@@ -66,8 +66,7 @@ pub struct CubeTuning {
 impl CubeTuning {
     /// The shape for one or two activation rows where the FMA kernel is the default (no native
     /// dot product, or `in % 16 != 0`; see [`cube_launch`]) unless [`set_cube_tuning`] says
-    /// otherwise: on
-    /// an H200 (Vulkan, SPIR-V), ranked by the device's own clock
+    /// otherwise: on an H200 (Vulkan, SPIR-V), ranked by the device's own clock
     /// (`benches/results/h200/fusion/`): within 1 % of the fastest T = 1 product among 18
     /// shapes (0.345 ms per 12 x 88 MB, 81 % of the read kernel; 0.375 ms with the earlier
     /// 32.4.4.2.2), and T = 2 as fast as any (0.427 ms, `h200/tsweep2/`).
@@ -267,16 +266,13 @@ pub fn planned_launch(device: &burn::tensor::Device, t: usize, inp: usize) -> Op
 /// default) and runs, else the FMA kernel (the override's shape or the tile's default).
 fn launch_on(client: &mma::Client, t: usize, inp: usize) -> CubeLaunch {
     let tile = t.clamp(1, TILE);
-    let fma = CubeLaunch::Fma(CubeTuning::default_for(tile));
     let wide = mma::fits(inp) && dot::fits(inp);
-    if !wide {
-        return match get_override() {
-            Some(CubeLaunch::Fma(f)) => CubeLaunch::Fma(f),
-            _ => fma,
-        };
-    }
-    match cube_launch(tile, mma::available(client), native_dot(client)) {
-        CubeLaunch::Mma(m) if !mma::fits_shared(client, &m) => fma,
+    let tensor_cores = wide && mma::available(client);
+    match cube_launch(tile, tensor_cores, wide && native_dot(client)) {
+        CubeLaunch::Mma(m) if !mma::fits_shared(client, &m) => {
+            CubeLaunch::Fma(CubeTuning::default_for(tile))
+        }
+        CubeLaunch::Dot(_) if !wide => CubeLaunch::Fma(CubeTuning::default_for(tile)),
         launch => launch,
     }
 }

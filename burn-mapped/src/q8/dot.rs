@@ -16,8 +16,8 @@
 //! ~16 significant bits relative to its block's largest magnitude; f16 (what the fp16
 //! reference arms compute in) keeps 11 relative to each value, so the split is the finer of
 //! the two for every value within 2^5 of its block's largest. Products are exact in i32 per
-//! block (at most 16 * 127 * 32639), then scaled and added in f32. Non-finite activations make their block's scale NaN, so
-//! they propagate as NaN.
+//! block (at most 16 * 127 * 32639), then scaled and added in f32. Non-finite activations
+//! make their block's scale NaN, so they propagate as NaN.
 //!
 //! Two launches per product, both on the activation tensor's client (ordered on Burn's
 //! stream, no host synchronization): the split (`T * in / 16` threads) and the product, laid
@@ -144,8 +144,7 @@ fn quantize_kernel(x: &[Vector<f32, Const<4>>], xq: &mut [Word4], xs: &mut [f32]
             #[unroll]
             for c in 0..4usize {
                 let a = f32::abs(v[i].extract(c));
-                // NaN fails the comparison too. (The NaN below is spelled as bits: WGSL has no NaN
-                // literal.)
+                // NaN fails the comparison too.
                 finite = finite && a <= f32::MAX;
                 m = f32::max(m, a);
             }
@@ -156,6 +155,7 @@ fn quantize_kernel(x: &[Vector<f32, Const<4>>], xq: &mut [Word4], xs: &mut [f32]
         }
         let mut s = m / DOT_Q_MAX;
         if !finite {
+            // A quiet NaN spelled as bits: WGSL has no NaN literal.
             s = f32::reinterpret(0x7FC0_0000u32);
             inv = 0.0;
         }
@@ -295,7 +295,7 @@ fn dot_kernel(
 /// The split activations of `x` (`[t, inp]` f32, contiguous, `inp % 16 == 0`): the high and
 /// then the low plane, `t * inp / 16` vectors of four words each, and the scales
 /// `[t * inp / 16]`, on `x`'s client.
-pub(super) fn quantize(x: &CubeTensor) -> (Handle, Handle) {
+fn quantize(x: &CubeTensor) -> (Handle, Handle) {
     let [t, inp] = x.meta.shape().dims::<2>();
     let blocks = t * inp / BLOCK;
     let client = x.client.clone();
