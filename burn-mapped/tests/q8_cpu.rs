@@ -4,14 +4,15 @@
 mod common;
 mod q8_common;
 
-use burn::backend::Flex;
+use burn::backend::{Dispatch, Flex};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    Q8Error, Q8Rows, Q8Weight, READ_PARTIALS, dequantize_rows, q8_linear, quantize_rows,
-    read_weight, relative_error, scale_name, write_q8,
+    Q8Backend, Q8Error, Q8Input, Q8Rows, Q8Weight, READ_PARTIALS, SPLIT_BLOCK, SPLIT_Q_MAX,
+    SPLIT_WORDS, dequantize_rows, q8_linear, q8_linear_input, quantize_rows, read_weight,
+    relative_error, scale_name, write_q8,
 };
 use burn_mapped::{MappedStore, Q8_ROW_F16, StoreWriter};
-use q8_common::{Rng, assert_close, reference, xor_words};
+use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight, xor_words};
 
 /// Flex explicitly: with the `wgpu` feature on, Burn's default device is the GPU.
 fn device() -> Device {
@@ -385,4 +386,129 @@ fn read_weight_reads_every_byte() {
         let x = partials.iter().fold(0, |x, p| x ^ p);
         assert_eq!(x, xor_words(&q), "[{out}, {inp}]");
     }
+}
+
+/// The dp4a kernel's split format, as Flex computes it (the host definition of what the GPU
+/// kernel reads): split once, then products over several weights, every `T` in 1..8 and 11,
+/// rows scaled far apart and one outlier, with and without bias, held to the f64 bound of
+/// the documented rounding.
+#[test]
+fn products_over_one_host_split_match_the_f64_reference_of_its_rounding() {
+    let mut rng = Rng::fresh();
+    let inp = 96;
+    let weights: Vec<_> = [37, 1, 70]
+        .into_iter()
+        .map(|out| weight(&mut rng, out, inp, &device()))
+        .collect();
+    for t in (1..=8).chain([11]) {
+        let mut x = spread_rows(&mut rng, t, inp);
+        if t > 3 {
+            x[3 * inp + 41] *= 1000.0;
+        }
+        let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [t, inp]), &device());
+        let split = Tensor::<2, Int>::from_dispatch(Dispatch::q8_split(xt.into_dispatch()));
+        assert_eq!(split.dims(), [t, SPLIT_WORDS * inp / SPLIT_BLOCK]);
+        assert_eq!(split.dtype(), DType::U32);
+        for (q, s, w) in &weights {
+            let out = w.out_features();
+            let b = rng.vec_nonzero(out);
+            for bias in [None, Some(b.as_slice())] {
+                let values = w.values().clone().into_dispatch();
+                let scales = w.scales().clone().into_dispatch();
+                let split = split.clone().into_dispatch();
+                let y = match bias {
+                    None => Dispatch::q8_matmul_split(split, values, &scales),
+                    Some(b) => {
+                        let b =
+                            Tensor::<1>::from_data(TensorData::new(b.to_vec(), [out]), &device());
+                        Dispatch::q8_matmul_split_bias(split, values, &scales, &b.into_dispatch())
+                    }
+                };
+                let got = Tensor::<2>::from_dispatch(y)
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap();
+                let want = reference_dot(&x, q, s, bias, t, out, inp, 16, f64::from(SPLIT_Q_MAX));
+                let ctx = format!("host split [{out}, {inp}] T={t} bias={}", bias.is_some());
+                assert_close(&got, &want, out, &ctx);
+            }
+        }
+    }
+}
+
+/// A non-finite activation in the host split makes its own output row NaN and no other.
+#[test]
+fn a_non_finite_activation_in_a_host_split_yields_nan_in_its_row_only() {
+    let mut rng = Rng::fresh();
+    let (out, inp, t) = (9, 32, 3);
+    let (q, s, w) = weight(&mut rng, out, inp, &device());
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = rng.vec_nonzero(t * inp);
+        x[inp + 5] = bad;
+        let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [t, inp]), &device());
+        let split = Dispatch::q8_split(xt.into_dispatch());
+        let y = Dispatch::q8_matmul_split(
+            split,
+            w.values().clone().into_dispatch(),
+            &w.scales().clone().into_dispatch(),
+        );
+        let got = Tensor::<2>::from_dispatch(y)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert!(
+            got[out..2 * out].iter().all(|v| v.is_nan()),
+            "{bad}: {got:?}"
+        );
+        let want = reference_dot(&x, &q, &s, None, t, out, inp, 16, f64::from(SPLIT_Q_MAX));
+        for row in [0, 2] {
+            let r = row * out..(row + 1) * out;
+            assert_close(&got[r.clone()], &want[r], out, &format!("{bad}: row {row}"));
+        }
+    }
+}
+
+/// On Flex a prepared input carries no split (the host kernel reads f32 activations): its
+/// products are `q8_linear`'s, in the input's dtype, and bad operands get the same typed
+/// errors.
+#[test]
+fn a_prepared_input_on_the_host_gives_q8_linear_products_and_errors() {
+    let mut rng = Rng::fresh();
+    let (t, inp) = (3, 40);
+    let x = rng.vec_nonzero(t * inp);
+    let input = Q8Input::new(Tensor::<2>::from_data(
+        TensorData::new(x.clone(), [t, inp]),
+        &device(),
+    ));
+    assert!(!input.is_split());
+    assert_eq!(input.dims(), [t, inp]);
+    for out in [5, 17] {
+        let (q, s, w) = weight(&mut rng, out, inp, &device());
+        let b = rng.vec_nonzero(out);
+        let bias = Tensor::<1>::from_data(TensorData::new(b.clone(), [out]), &device());
+        let got = q8_linear_input(&input, &w, Some(bias))
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert_close(
+            &got,
+            &reference(&x, &q, &s, Some(&b), t, out, inp),
+            out,
+            "input",
+        );
+    }
+    // A half-precision input returns half-precision products.
+    let (_, _, w) = weight(&mut rng, 7, inp, &device());
+    let half = Tensor::<2>::from_data(TensorData::new(x, [t, inp]), &device()).cast(DType::F16);
+    let y = q8_linear_input(&Q8Input::new(half), &w, None).unwrap();
+    assert_eq!((y.dtype(), y.dims()), (DType::F16, [t, 7]));
+    let (_, _, other) = weight(&mut rng, 4, 24, &device());
+    assert!(matches!(
+        q8_linear_input(&input, &other, None),
+        Err(Q8Error::Shape {
+            what: "q8_linear input",
+            ..
+        })
+    ));
 }

@@ -19,11 +19,12 @@ mod q8_common;
 
 use burn::tensor::{DType, Device, DeviceType, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    CubeLaunch, CubeTuning, DOT_Q_MAX, DotTuning, MmaTuning, Q8Error, Q8Rows, Q8Weight,
-    READ_PARTIALS, planned_launch, q8_linear, read_weight, reset_cube_tuning, set_cube_tuning,
-    set_dot_tuning, set_mma_tuning, set_poison_outputs, tensor_cores,
+    CubeLaunch, CubeTuning, DotTuning, MmaTuning, Q8Error, Q8Input, Q8Rows, Q8Weight,
+    READ_PARTIALS, SPLIT_Q_MAX, planned_launch, q8_linear, q8_linear_input, read_weight,
+    reset_cube_tuning, set_cube_tuning, set_dot_tuning, set_mma_tuning, set_poison_outputs,
+    tensor_cores,
 };
-use q8_common::{Rng, assert_close, reference, reference_dot, xor_words};
+use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight, xor_words};
 
 /// The API the tests run on, as the messages name it.
 #[cfg(not(feature = "vulkan"))]
@@ -116,21 +117,10 @@ fn expected(
 ) -> Vec<(f64, f64)> {
     match planned_launch(device, t, inp) {
         Some(CubeLaunch::Dot(_)) => {
-            reference_dot(x, q, s, bias, t, out, inp, 16, f64::from(DOT_Q_MAX))
+            reference_dot(x, q, s, bias, t, out, inp, 16, f64::from(SPLIT_Q_MAX))
         }
         _ => reference(x, q, s, bias, t, out, inp),
     }
-}
-
-fn weight(rng: &mut Rng, out: usize, inp: usize, device: &Device) -> (Vec<i8>, Vec<f16>, Q8Weight) {
-    let q = rng.q8_values(out * inp);
-    let s = rng.scales(out);
-    let rows = Q8Rows {
-        values: q.clone(),
-        scales: s.clone(),
-    };
-    let w = Q8Weight::from_rows(&rows, out, inp, device).unwrap();
-    (q, s, w)
 }
 
 fn run(x: &[f32], w: &Q8Weight, bias: Option<&[f32]>, t: usize, device: &Device) -> Vec<f32> {
@@ -243,20 +233,6 @@ fn every_launch_shape_matches_the_f64_reference() {
             assert_eq!(x, xor_words(q), "{API} {tuning} read [{out}, {inp}]");
         }
     }
-}
-
-/// `t` fresh activation rows of `inp` values, row 1 (where there is one) scaled by 1e6 and
-/// row 2 by 1e-9: magnitudes far past f16's range and below its normal range.
-fn spread_rows(rng: &mut Rng, t: usize, inp: usize) -> Vec<f32> {
-    let mut x = rng.vec_nonzero(t * inp);
-    for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
-        if row < t {
-            x[row * inp..(row + 1) * inp]
-                .iter_mut()
-                .for_each(|v| *v *= factor);
-        }
-    }
-    x
 }
 
 /// Runs the weight on `x` (`t` rows) without and with a fresh bias, each held to the f64
@@ -458,6 +434,66 @@ fn under_the_dot_kernel_a_non_finite_activation_yields_nan_in_its_row_only() {
             let r = row * out..(row + 1) * out;
             assert_close(&got[r.clone()], &want[r], out, &format!("{bad}: row {row}"));
         }
+    }
+}
+
+/// One split shared by the products of several weights over the same activations (the
+/// activations computed on the device just before, never read back): each product is held to
+/// the f64 bound of the dp4a rounding, with and without bias; products made after the shape
+/// override is gone still read the split; a weight of another width gets the typed error.
+/// Where the dp4a kernel is not the default (WGSL), its shapes are set for the test, so the
+/// input splits there too; the shapes used are the defaults, which the other tests compile.
+#[test]
+fn products_sharing_one_split_match_the_f64_reference_of_its_rounding() {
+    let Some(device) = gpu() else { return };
+    let _shape = shape_lock();
+    let _restore = Restore;
+    let mut rng = Rng::fresh();
+    let inp = 96;
+    let weights: Vec<_> = [37, 1, 70]
+        .into_iter()
+        .map(|out| weight(&mut rng, out, inp, &device))
+        .collect();
+    for t in [1, 3, 8] {
+        assert!(set_dot_tuning(DotTuning::default_for(t)));
+        let x = spread_rows(&mut rng, t, inp);
+        let half: Vec<f32> = x.iter().map(|v| v / 2.0).collect();
+        let xt = Tensor::<2>::from_data(TensorData::new(half, [t, inp]), (&device, DType::F32))
+            .mul_scalar(2.0);
+        let input = Q8Input::new(xt);
+        assert!(input.is_split(), "T={t}");
+        for (round, (q, s, w)) in weights.iter().enumerate() {
+            if round == 2 {
+                // The input was split for the dp4a kernel; its products stay on it.
+                reset_cube_tuning();
+            }
+            let out = w.out_features();
+            let b = rng.vec_nonzero(out);
+            for bias in [None, Some(b.as_slice())] {
+                let bt = bias.map(|b| {
+                    Tensor::<1>::from_data(
+                        TensorData::new(b.to_vec(), [out]),
+                        (&device, DType::F32),
+                    )
+                });
+                let got = q8_linear_input(&input, w, bt)
+                    .unwrap()
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap();
+                let want = reference_dot(&x, q, s, bias, t, out, inp, 16, f64::from(SPLIT_Q_MAX));
+                let ctx = format!(
+                    "{API} shared split [{out}, {inp}] T={t} bias={}",
+                    bias.is_some()
+                );
+                assert_close(&got, &want, out, &ctx);
+            }
+        }
+        let (_, _, other) = weight(&mut rng, 4, 32, &device);
+        assert!(matches!(
+            q8_linear_input(&input, &other, None),
+            Err(Q8Error::Shape { .. })
+        ));
     }
 }
 

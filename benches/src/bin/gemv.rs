@@ -22,17 +22,21 @@
 //!     [--matrices 12] [--float-matrices 12] [--out 12288] [--in 7168] [--passes 30]
 //!     [--warmup 12] [--warmup-ms 200] [--t-sweep 1,2,4,8] [--arms read,q8,f32,f16,burnq8]
 //!     [--threads 0] [--store DIR] [--json FILE] [--per-sync 1] [--tunings 32.8.4.1.1,...]
-//!     [--device-time]
+//!     [--device-time] [--flush-first]
 //! ```
 //!
 //! Diagnostics beyond the protocol: arm `sync` times one sync with nothing queued (the floor
 //! under every pass); `--per-sync 1,10` adds read and q8 arms that queue several passes per
 //! sync (times per pass), which separates a fixed per-sync cost from the kernels' own; every
-//! arm also reports the host time spent enqueueing. `--device-time` (CubeCL devices) times each
+//! arm also reports the host time spent enqueueing; `--flush-first` submits each pass (Burn's
+//! `Device::flush`) before its sync and reports that submission's host time apart, so a pass
+//! splits into enqueue, submission and the wait for the device's answer. `--device-time` (CubeCL devices) times each
 //! arm's passes again, each inside one of Burn's profiling windows, and reports the device's
 //! own clock per pass beside the wall time: what the GPU spent from its first kernel to its
 //! last, without the host's encoding before submission or the wait for the sync's answer.
-//! Arms `readgraph` and `q8graph` (CubeCL devices) capture one pass with Burn's graph capture and
+//! Arms `q8shared` and `q8sharedgraph` are `q8` and `q8graph` with the pass's 12 products on one
+//! `Q8Input` (one activation split for all, where the dp4a kernel runs; elsewhere the same as
+//! `q8`). Arms `readgraph` and `q8graph` (CubeCL devices) capture one pass with Burn's graph capture and
 //! time replays of it (each + one sync), `q8graph` at every `T` of `--t-sweep` and every shape
 //! of `--tunings` (replays keep the GPU busy, so its clock stays up; eager arms let it idle).
 //! `--tunings` (CubeCL devices) measures the
@@ -54,8 +58,8 @@ use burn::tensor::quantization::QuantScheme;
 use burn::tensor::{DType, Device, Tensor, TensorData, f16};
 use burn_mapped::MappedStore;
 use burn_mapped::q8::{
-    Q8Rows, Q8Weight, cpu_kernel_name, cpu_threads, dequantize_rows, q8_linear, read_weight,
-    set_cpu_threads, write_q8_rows,
+    Q8Input, Q8Rows, Q8Weight, cpu_kernel_name, cpu_threads, dequantize_rows, q8_linear,
+    q8_linear_input, read_weight, set_cpu_threads, write_q8_rows,
 };
 use serde::Serialize;
 
@@ -76,6 +80,7 @@ struct Args {
     per_sync: Vec<usize>,
     tunings: Vec<String>,
     device_time: bool,
+    flush_first: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -98,6 +103,7 @@ fn parse_args() -> Result<Args> {
         per_sync: vec![1],
         tunings: Vec::new(),
         device_time: false,
+        flush_first: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -120,6 +126,7 @@ fn parse_args() -> Result<Args> {
             "--store" => a.store = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
             "--device-time" => a.device_time = true,
+            "--flush-first" => a.flush_first = true,
             "-h" | "--help" => {
                 println!(
                     "{}",
@@ -380,6 +387,9 @@ struct ArmResult {
     gbps_worst: f64,
     /// Median host time spent enqueueing a pass (before the sync).
     enqueue_ms: f64,
+    /// With `--flush-first`: median host time of the submission between enqueue and sync.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flush_ms: Option<f64>,
     /// Passes enqueued per sync (1 under the protocol; more in diagnostic arms, whose times
     /// are per pass).
     passes_per_sync: usize,
@@ -408,6 +418,8 @@ struct ArmResult {
 struct Timing<'a> {
     per_sync: usize,
     sync: &'a dyn Fn() -> Result<()>,
+    /// Submits what is enqueued without waiting (`--flush-first`), timed apart.
+    flush: Option<&'a dyn Fn() -> Result<()>>,
     tuning: Option<String>,
     profile: Option<&'a Device>,
 }
@@ -502,31 +514,37 @@ fn measure<K>(
     };
     let started = unix();
     let per = timing.per_sync.max(1);
-    let mut group = |enq: &mut Vec<f64>| -> Result<f64> {
+    let mut group = |enq: &mut Vec<f64>, flushes: &mut Vec<f64>| -> Result<f64> {
         let start = Instant::now();
         let mut keep = Vec::with_capacity(per);
         for _ in 0..per {
             keep.push(enqueue()?);
         }
-        enq.push(start.elapsed().as_secs_f64() / per as f64);
+        let enqueued = start.elapsed().as_secs_f64();
+        enq.push(enqueued / per as f64);
+        if let Some(flush) = timing.flush {
+            flush()?;
+            flushes.push((start.elapsed().as_secs_f64() - enqueued) / per as f64);
+        }
         (timing.sync)()?;
         let took = start.elapsed().as_secs_f64() / per as f64;
         drop(keep);
         Ok(took)
     };
-    let mut enq = Vec::new();
+    let (mut enq, mut flushes) = (Vec::new(), Vec::new());
     // The first group compiles the arm's shaders (seconds for the widest), so the clock that
     // has to climb back is timed from its end.
-    group(&mut enq)?;
+    group(&mut enq, &mut flushes)?;
     let warm = Instant::now();
     let mut done = per;
     while done < a.warmup || warm.elapsed().as_millis() < a.warmup_ms as u128 {
-        group(&mut enq)?;
+        group(&mut enq, &mut flushes)?;
         done += per;
     }
     enq.clear();
+    flushes.clear();
     let mut times = (0..a.passes.div_ceil(per).max(1))
-        .map(|_| group(&mut enq))
+        .map(|_| group(&mut enq, &mut flushes))
         .collect::<Result<Vec<f64>>>()?;
     let med = median(&mut times);
     let (min, max) = (times[0], times[times.len() - 1]);
@@ -554,6 +572,7 @@ fn measure<K>(
         gbps_best: gbps(min),
         gbps_worst: gbps(max),
         enqueue_ms: median(&mut enq) * 1e3,
+        flush_ms: (!flushes.is_empty()).then(|| median(&mut flushes) * 1e3),
         passes_per_sync: per,
         device_ms: device.as_ref().map(|d| d.0[0]),
         device_min_ms: device.as_ref().map(|d| d.0[1]),
@@ -563,7 +582,7 @@ fn measure<K>(
         tuning: timing.tuning.clone(),
     };
     eprintln!(
-        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2}) enqueue {:.3} ms, {} per sync{}{}",
+        "{:>6} T={:<2} x{:<2} {:>9.3} ms  {:>8.2} GB/s (best {:.2}, worst {:.2}) enqueue {:.3} ms, {} per sync{}{}{}",
         r.arm,
         r.t,
         r.matrices,
@@ -579,9 +598,25 @@ fn measure<K>(
             .unwrap_or_default(),
         r.device_ms
             .map(|d| format!(", device {d:.3} ms"))
+            .unwrap_or_default(),
+        r.flush_ms
+            .map(|f| format!(", flush {f:.3} ms"))
             .unwrap_or_default()
     );
     Ok(r)
+}
+
+/// One pass of q8 products of `x` over every weight: each through [`q8_linear`], or
+/// (`shared`) all on one [`Q8Input`], whose activation split (dp4a kernel) they share.
+fn q8_pass(x: &Tensor<2>, weights: &[Q8Weight], shared: bool) -> Result<Vec<Tensor<2>>> {
+    let input = shared.then(|| Q8Input::new(x.clone()));
+    Ok(weights
+        .iter()
+        .map(|w| match &input {
+            Some(input) => q8_linear_input(input, w, None),
+            None => q8_linear(x.clone(), w, None),
+        })
+        .collect::<Result<Vec<_>, _>>()?)
 }
 
 fn random_x(rng: &mut Rng, t: usize, inp: usize, device: &Device) -> Tensor<2> {
@@ -673,6 +708,8 @@ fn main() -> Result<()> {
     let q8_bytes: u64 = weights.iter().map(|w| w.bytes() as u64).sum();
     let value_bytes = (a.matrices * a.out * a.inp) as u64;
     let sync = || dev.sync().map_err(|e| anyhow::anyhow!("sync: {e:?}"));
+    let flush = || dev.flush().map_err(|e| anyhow::anyhow!("flush: {e:?}"));
+    let flush: Option<&dyn Fn() -> Result<()>> = a.flush_first.then_some(&flush);
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let mut arms = Vec::new();
     let mut skipped = Vec::new();
@@ -682,6 +719,7 @@ fn main() -> Result<()> {
     let timing = Timing {
         per_sync: 1,
         sync: &sync,
+        flush,
         tuning: None,
         profile: a.device_time.then_some(&dev),
     };
@@ -699,6 +737,7 @@ fn main() -> Result<()> {
             let timing = Timing {
                 per_sync,
                 sync: &sync,
+                flush,
                 tuning: None,
                 profile: a.device_time.then_some(&dev),
             };
@@ -713,39 +752,35 @@ fn main() -> Result<()> {
                     || Ok(weights.iter().map(read_weight).collect::<Vec<_>>()),
                 )?);
             }
-            if a.arms.iter().any(|s| s == "q8") {
+            for (arm, shared) in [("q8", false), ("q8shared", true)] {
+                if !a.arms.iter().any(|s| s == arm) {
+                    continue;
+                }
                 for &t in &a.t_sweep {
                     let x = random_x(&mut rng, t, a.inp, &dev);
                     arms.push(measure(
-                        "q8",
+                        arm,
                         t,
                         a.matrices,
                         q8_bytes,
                         &a,
                         &timing.shaped(&dev, t, a.inp),
-                        || {
-                            Ok(weights
-                                .iter()
-                                .map(|w| q8_linear(x.clone(), w, None))
-                                .collect::<Result<Vec<_>, _>>()?)
-                        },
+                        || q8_pass(&x, &weights, shared),
                     )?);
                 }
             }
         }
         // Replays of the same passes per launch shape: they keep the GPU busy, so its clock
         // stays up, where eager arms let it idle between launches and slow down.
-        if a.arms.iter().any(|s| s == "q8graph") {
+        for (arm, shared) in [("q8graph", false), ("q8sharedgraph", true)] {
+            if !a.arms.iter().any(|s| s == arm) {
+                continue;
+            }
             for &t in &a.t_sweep {
                 let x = random_x(&mut rng, t, a.inp, &dev);
-                let mut graph = burn::tensor::capture(&dev, || {
-                    weights
-                        .iter()
-                        .map(|w| q8_linear(x.clone(), w, None))
-                        .collect::<Result<Vec<_>, _>>()
-                });
+                let mut graph = burn::tensor::capture(&dev, || q8_pass(&x, &weights, shared));
                 if !graph.is_hardware() {
-                    skipped.push("q8graph: this device does not capture graphs".into());
+                    skipped.push(format!("{arm}: this device does not capture graphs"));
                     break;
                 }
                 graph
@@ -759,24 +794,22 @@ fn main() -> Result<()> {
                     Ok(())
                 };
                 let shaped = timing.shaped(&dev, t, a.inp);
-                arms.push(measure(
-                    "q8graph", t, a.matrices, q8_bytes, &a, &shaped, replay,
-                )?);
+                arms.push(measure(arm, t, a.matrices, q8_bytes, &a, &shaped, replay)?);
                 // The replays rewrote the captured outputs; they must equal a fresh eager product.
                 let replayed = graph
                     .output()
                     .as_ref()
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                let same = weights.iter().zip(replayed).all(|(w, y)| {
-                    q8_linear(x.clone(), w, None)
-                        .is_ok_and(|e| e.into_data() == y.clone().into_data())
-                });
+                let same = q8_pass(&x, &weights, shared)?
+                    .into_iter()
+                    .zip(replayed)
+                    .all(|(e, y)| e.into_data() == y.clone().into_data());
                 let label = tuning.as_deref().unwrap_or("default");
                 graph_checks.push(format!(
-                    "q8graph {label} T={t}: replayed outputs equal eager: {same}"
+                    "{arm} {label} T={t}: replayed outputs equal eager: {same}"
                 ));
                 if !same {
-                    bail!("q8graph {label} T={t}: replayed outputs differ from the eager product");
+                    bail!("{arm} {label} T={t}: replayed outputs differ from the eager product");
                 }
             }
         }

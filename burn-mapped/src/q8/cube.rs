@@ -38,6 +38,7 @@ use cubecl::prelude::*;
 use super::dot::{self, DotTuning};
 use super::mma::{self, MmaTuning};
 use super::ops::Q8Backend;
+use super::split::{SPLIT_BLOCK, SPLIT_WORDS};
 
 /// Activation rows per pass over the weights.
 pub const TILE: usize = 8;
@@ -657,15 +658,11 @@ fn run(
     }
     let client = x.client.clone();
     let device = x.device.clone();
-    let y = if super::poison_outputs() {
-        client.create_from_slice(f32::as_bytes(&vec![f32::NAN; t * out]))
-    } else {
-        client.empty(t * out * size_of::<f32>())
-    };
     assert!(
         t > 0 && out > 0 && inp > 0,
         "q8_matmul: empty operands are handled by q8_linear"
     );
+    let y = output(&client, t, out);
     let tile = t.min(TILE);
     let tuning = match launch_on(&client, t, inp) {
         CubeLaunch::Mma(m) => {
@@ -673,7 +670,7 @@ fn run(
             return CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32);
         }
         CubeLaunch::Dot(d) => {
-            dot::run(&x, &values, &scales, bias.as_ref(), &y, d);
+            dot::run_split(&dot::split(&x), &values, &scales, bias.as_ref(), &y, d);
             return CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32);
         }
         CubeLaunch::Fma(tuning) => tuning,
@@ -726,6 +723,76 @@ fn run(
     CubeTensor::new_contiguous(client, device, Shape::new([t, out]), y, DType::F32)
 }
 
+/// The product's output `[t, out]` f32: uninitialized, or NaN when outputs are poisoned.
+fn output(client: &mma::Client, t: usize, out: usize) -> cubecl::server::Handle {
+    if super::poison_outputs() {
+        client.create_from_slice(f32::as_bytes(&vec![f32::NAN; t * out]))
+    } else {
+        client.empty(t * out * size_of::<f32>())
+    }
+}
+
+fn split(x: CubeTensor) -> CubeTensor {
+    assert_eq!(x.dtype, DType::F32, "q8_split: x must be f32");
+    let [t, inp] = x.meta.shape().dims::<2>();
+    assert!(
+        t > 0 && dot::fits(inp),
+        "q8_split: x is [{t}, {inp}]; needs T > 0 and `in` a positive multiple of 16"
+    );
+    dot::split(&contiguous(&x))
+}
+
+/// The dp4a product on a split made by [`split`]: the override's dp4a shape if one is set,
+/// else the tile's dp4a default (an FMA or tensor-core override does not apply: the
+/// activations are already split for this kernel).
+fn run_split(
+    split: CubeTensor,
+    values: &CubeTensor,
+    scales: &CubeTensor,
+    bias: Option<&CubeTensor>,
+) -> CubeTensor {
+    assert_eq!(
+        split.dtype,
+        DType::U32,
+        "q8_matmul_split: split must be U32"
+    );
+    assert_eq!(
+        values.dtype,
+        DType::I8,
+        "q8_matmul_split: values must be I8"
+    );
+    assert_eq!(
+        scales.dtype,
+        DType::F16,
+        "q8_matmul_split: scales must be F16"
+    );
+    let [t, words] = split.meta.shape().dims::<2>();
+    let [out, inp] = values.meta.shape().dims::<2>();
+    assert!(
+        t > 0 && out > 0 && dot::fits(inp) && words == SPLIT_WORDS * inp / SPLIT_BLOCK,
+        "q8_matmul_split: split [{t}, {words}] does not fit a [{out}, {inp}] weight"
+    );
+    let (split, values, scales) = (contiguous(&split), contiguous(values), contiguous(scales));
+    let bias = bias.map(contiguous);
+    if let Some(b) = &bias {
+        assert_eq!(b.dtype, DType::F32, "q8_matmul_split: bias must be f32");
+    }
+    let client = split.client.clone();
+    let y = output(&client, t, out);
+    let tuning = match get_override() {
+        Some(CubeLaunch::Dot(d)) => d,
+        _ => DotTuning::default_for(t.clamp(1, TILE)),
+    };
+    dot::run_split(&split, &values, &scales, bias.as_ref(), &y, tuning);
+    CubeTensor::new_contiguous(
+        client,
+        split.device.clone(),
+        Shape::new([t, out]),
+        y,
+        DType::F32,
+    )
+}
+
 impl Q8Backend for CubeBackend {
     fn q8_matmul(x: CubeTensor, values: CubeTensor, scales: &CubeTensor) -> CubeTensor {
         run(x, &values, scales, None)
@@ -742,6 +809,23 @@ impl Q8Backend for CubeBackend {
 
     fn q8_read(values: CubeTensor) -> CubeTensor {
         read(&values)
+    }
+
+    fn q8_split(x: CubeTensor) -> CubeTensor {
+        split(x)
+    }
+
+    fn q8_matmul_split(split: CubeTensor, values: CubeTensor, scales: &CubeTensor) -> CubeTensor {
+        run_split(split, &values, scales, None)
+    }
+
+    fn q8_matmul_split_bias(
+        split: CubeTensor,
+        values: CubeTensor,
+        scales: &CubeTensor,
+        bias: &CubeTensor,
+    ) -> CubeTensor {
+        run_split(split, &values, scales, Some(bias))
     }
 }
 

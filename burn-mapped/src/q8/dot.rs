@@ -9,7 +9,7 @@
 //! weights need no unpacking, and the activations a lane reads shrink from 64 to 32 bytes
 //! per 16 weights.
 //!
-//! Activations: [`quantize_kernel`] splits each block of [`BLOCK`] activations of a row
+//! Activations: [`quantize_kernel`] splits each block of 16 activations of a row
 //! into 16-bit integers `q` with one f32 scale per block (`s = max |x| / 32639`, `x ≈ s *
 //! q`, `|x - s * q| <= s / 2`), and each `q` into a high and a low signed byte
 //! (`q = 256 * hi + lo`, hence the bound 32639 = 127 * 256 + 127). So every activation keeps
@@ -21,23 +21,21 @@
 //!
 //! Two launches per product, both on the activation tensor's client (ordered on Burn's
 //! stream, no host synchronization): the split (`T * in / 16` threads) and the product, laid
-//! out like the FMA kernel ([`DotTuning`]). Needs `in % 16 == 0` (a block is one 16-byte
+//! out like the FMA kernel ([`DotTuning`]). Products over the same activations can share one
+//! split ([`Q8Input`](super::Q8Input)): one launch each instead of two. Needs `in % 16 == 0` (a block is one 16-byte
 //! load of weights); other widths take the FMA kernel. The default where `dp4a` is native
 //! (SPIR-V): on the H200 it beats the FMA kernel at every measured `T` and cuBLAS fp16 too
 //! (see the shapes' docs). Elsewhere opt-in ([`set_dot_tuning`](super::set_dot_tuning)).
 
+use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::cube::{TILE, clamped_bases, write_rows, zeros};
-
-/// Activations per block: one scale each, and one 16-byte load of weights.
-pub(super) const BLOCK: usize = 16;
-
-/// The largest `|q|`: `127 * 256 + 127`, so both bytes of `q = 256 * hi + lo` are int8.
-pub const DOT_Q_MAX: f32 = 32639.0;
+// A block is one scale and one 16-byte load of weights; the format is defined in `split`.
+use super::split::{SPLIT_BLOCK as BLOCK, SPLIT_Q_MAX as DOT_Q_MAX, SPLIT_WORDS};
 
 /// Threads per cube of the split.
 const QUANT_THREADS: usize = 64;
@@ -127,12 +125,19 @@ pub(super) fn fits(inp: usize) -> bool {
     inp.is_multiple_of(BLOCK)
 }
 
-/// Splits each block of [`BLOCK`] activations into its scale `xs[b]` and two vectors of four
-/// words, `xq[b]` the high bytes and `xq[blocks + b]` the low bytes of `q`, in the order of
-/// the values: two planes, so the lanes' loads of either are contiguous. One thread per block
-/// of every activation row.
+/// Splits each block of [`BLOCK`] activations into its scale `xs[xs_at + b]` and two vectors
+/// of four words, `xq[b]` the high bytes and `xq[blocks + b]` the low bytes of `q`, in the
+/// order of the values: two planes, so the lanes' loads of either are contiguous. `xq` and
+/// `xs` are views of one buffer (the scales after both planes, `xs_at = 8 * blocks`). One
+/// thread per block of every activation row.
 #[cube(launch_unchecked)]
-fn quantize_kernel(x: &[Vector<f32, Const<4>>], xq: &mut [Word4], xs: &mut [f32], blocks: usize) {
+fn quantize_kernel(
+    x: &[Vector<f32, Const<4>>],
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    blocks: usize,
+    xs_at: usize,
+) {
     let b = ABSOLUTE_POS;
     if b < blocks {
         let mut v = Array::<Vector<f32, Const<4>>>::new(4usize);
@@ -179,12 +184,13 @@ fn quantize_kernel(x: &[Vector<f32, Const<4>>], xq: &mut [Word4], xs: &mut [f32]
         }
         xq[b] = hi;
         xq[blocks + b] = lo;
-        xs[b] = s;
+        xs[xs_at + b] = s;
     }
 }
 
 /// Adds one stride of `rows` weight blocks (`wv[first..first + rows]`, block `blk` of each
-/// row) times the tile's activation blocks (low plane at `lo_at`) into `acc`.
+/// row) times the tile's activation blocks (low plane at `lo_at`, scales at `xs_at`) into
+/// `acc`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn dot_step(
@@ -194,6 +200,7 @@ fn dot_step(
     xs: &[f32],
     x_base: &Array<usize>,
     lo_at: usize,
+    xs_at: usize,
     blk: usize,
     acc: &mut Array<f32>,
     #[comptime] tile: usize,
@@ -204,7 +211,7 @@ fn dot_step(
         let b = x_base[j] + blk;
         let hi = xq[b];
         let lo = xq[lo_at + b];
-        let s = xs[b];
+        let s = xs[xs_at + b];
         #[unroll]
         for r in 0..rows {
             let w = wv[first + r];
@@ -251,6 +258,7 @@ fn dot_kernel(
     let x_base = clamped_bases(t0, t_total, nblk, tile);
 
     let lo_at = t_total * nblk;
+    let xs_at = 8 * lo_at;
     let mut k = lane;
     while k + (unroll - 1) * lanes < nblk {
         let mut wv = Array::<Word4>::new(rows * unroll);
@@ -270,6 +278,7 @@ fn dot_kernel(
                 xs,
                 &x_base,
                 lo_at,
+                xs_at,
                 k + u * lanes,
                 &mut acc,
                 tile,
@@ -284,7 +293,9 @@ fn dot_kernel(
         for r in 0..rows {
             wv[r] = w[row_base[r] + k];
         }
-        dot_step(&wv, 0, xq, xs, &x_base, lo_at, k, &mut acc, tile, rows);
+        dot_step(
+            &wv, 0, xq, xs, &x_base, lo_at, xs_at, k, &mut acc, tile, rows,
+        );
         k += lanes;
     }
     write_rows(
@@ -292,48 +303,57 @@ fn dot_kernel(
     );
 }
 
-/// The split activations of `x` (`[t, inp]` f32, contiguous, `inp % 16 == 0`): the high and
-/// then the low plane, `t * inp / 16` vectors of four words each, and the scales
-/// `[t * inp / 16]`, on `x`'s client.
-fn quantize(x: &CubeTensor) -> (Handle, Handle) {
+/// The split activations of `x` (`[t, inp]` f32, contiguous, `inp % 16 == 0`) on `x`'s
+/// client, as one U32 tensor `[t, 9 * inp / 16]` (the format of [`super::split`]): the high plane,
+/// the low plane (`t * inp / 16` vectors of four words each), then the scales. The shape only
+/// counts the words: the planes run over every row, not row by row.
+pub(super) fn split(x: &CubeTensor) -> CubeTensor {
     let [t, inp] = x.meta.shape().dims::<2>();
     let blocks = t * inp / BLOCK;
     let client = x.client.clone();
-    let xq = client.empty(blocks * 2 * BLOCK);
-    let xs = client.empty(blocks * size_of::<f32>());
-    // SAFETY: `x` holds `t * inp / 4` vec4 f32 (four per block); `xq` `2 * blocks` vectors
-    // of four words and `xs` `blocks` f32, each written once by thread `b < blocks`.
+    let out = client.empty(blocks * SPLIT_WORDS * size_of::<u32>());
+    // SAFETY: `x` holds `t * inp / 4` vec4 f32 (four per block); `out` holds `9 * blocks`
+    // words, viewed as `2 * blocks` vectors of four (the planes, words `0..8 * blocks`) and as
+    // `9 * blocks` f32 of which the kernel writes `8 * blocks..`: disjoint ranges, each element
+    // written once by thread `b < blocks`.
     unsafe {
         quantize_kernel::launch_unchecked(
             &client,
             CubeCount::Static(blocks.div_ceil(QUANT_THREADS) as u32, 1, 1),
             CubeDim::new_1d(QUANT_THREADS as u32),
             BufferArg::from_raw_parts(x.handle.clone(), t * inp / 4),
-            BufferArg::from_raw_parts(xq.clone(), 2 * blocks),
-            BufferArg::from_raw_parts(xs.clone(), blocks),
+            BufferArg::from_raw_parts(out.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(out.clone(), SPLIT_WORDS * blocks),
             blocks,
+            8 * blocks,
         );
     }
-    (xq, xs)
+    CubeTensor::new_contiguous(
+        client,
+        x.device.clone(),
+        Shape::new([t, SPLIT_WORDS * inp / BLOCK]),
+        out,
+        DType::U32,
+    )
 }
 
-/// The dp4a product `y = x W^T * scale (+ bias)`, on `x`'s client. `x`, `values`, `scales`
-/// and `bias` are contiguous and checked by the caller (`inp % 16 == 0` through [`fits`]);
-/// `y` is the caller's output (`[t, out]` f32).
-pub(super) fn run(
-    x: &CubeTensor,
+/// The dp4a product `y = x W^T * scale (+ bias)` on activations [`split`] from `x`, on the
+/// split's client. `split`, `values`, `scales` and `bias` are contiguous and checked by the
+/// caller (`inp % 16 == 0`, the split's `9 * inp / 16` words per row); `y` is the caller's
+/// output (`[t, out]` f32).
+pub(super) fn run_split(
+    split: &CubeTensor,
     values: &CubeTensor,
     scales: &CubeTensor,
     bias: Option<&CubeTensor>,
     y: &Handle,
     tuning: DotTuning,
 ) {
-    let [t, inp] = x.meta.shape().dims::<2>();
-    let out = values.meta.shape().dims::<2>()[0];
-    let client = x.client.clone();
+    let t = split.meta.shape().dims::<2>()[0];
+    let [out, inp] = values.meta.shape().dims::<2>();
+    let client = split.client.clone();
     let nblk = inp / BLOCK;
     let tile = t.min(TILE);
-    let (xq, xs) = quantize(x);
     let rows_per_cube = tuning.groups * tuning.rows;
     let count = CubeCount::Static(
         out.div_ceil(rows_per_cube) as u32,
@@ -342,19 +362,20 @@ pub(super) fn run(
     );
     let bias_arg = bias.unwrap_or(scales);
     let bias_len = if bias.is_some() { out } else { 1 };
-    // SAFETY: lengths are in elements of the bound type: `xq` `2 * t * nblk` vectors of four
-    // words and `xs` `t * nblk` f32 as [`quantize`] wrote them, `values` `out * inp` bytes as
-    // `out * nblk` vectors of four words, `scales` `out` f16 rounded up to words, `bias`
-    // `out` f32 (or one word of the scales, never read without a bias), `y` `t * out` f32.
-    // The kernel clamps every row and activation row to these bounds and writes each `y`
-    // element at most once.
+    // SAFETY: lengths are in elements of the bound type: the split `2 * t * nblk` vectors of
+    // four words (its planes) and `9 * t * nblk` f32 (the kernel reads the scales from word
+    // `8 * t * nblk` on), both read-only views of one buffer as [`split`] wrote it, `values`
+    // `out * inp` bytes as `out * nblk` vectors of four words, `scales` `out` f16 rounded up to
+    // words, `bias` `out` f32 (or one word of the scales, never read without a bias), `y`
+    // `t * out` f32. The kernel clamps every row and activation row to these bounds and writes
+    // each `y` element at most once.
     unsafe {
         dot_kernel::launch_unchecked(
             &client,
             count,
             CubeDim::new_2d(tuning.lanes as u32, tuning.groups as u32),
-            BufferArg::from_raw_parts(xq, 2 * t * nblk),
-            BufferArg::from_raw_parts(xs, t * nblk),
+            BufferArg::from_raw_parts(split.handle.clone(), 2 * t * nblk),
+            BufferArg::from_raw_parts(split.handle.clone(), SPLIT_WORDS * t * nblk),
             BufferArg::from_raw_parts(values.handle.clone(), out * nblk),
             BufferArg::from_raw_parts(scales.handle.clone(), out.div_ceil(2)),
             BufferArg::from_raw_parts(bias_arg.handle.clone(), bias_len),

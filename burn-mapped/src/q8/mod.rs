@@ -36,7 +36,8 @@
 //!   custom operation in Burn's fusion stream. Where `dp4a` is native (SPIR-V) and `in % 16
 //!   == 0`, the product takes a second kernel on packed int8 dot products instead, with the
 //!   activations split per block of 16 into 16-bit integers ([`DotTuning`]; faster on the
-//!   H200 at every `T`). A third, on tensor cores (f16 cooperative matrices, SPIR-V), is
+//!   H200 at every `T`); [`Q8Input`] shares that split among the products over the same
+//!   activations ([`q8_linear_input`]). A third, on tensor cores (f16 cooperative matrices, SPIR-V), is
 //!   opt-in through [`set_mma_tuning`]: slower on the H200 ([`MmaTuning`]).
 
 mod cpu;
@@ -45,10 +46,12 @@ mod cube;
 #[cfg(feature = "wgpu")]
 mod dot;
 mod error;
+mod input;
 #[cfg(feature = "wgpu")]
 mod mma;
 mod ops;
 mod quantize;
+mod split;
 mod store;
 mod weight;
 
@@ -61,12 +64,14 @@ pub use cube::{
     reset_cube_tuning, set_cube_tuning, set_dot_tuning, set_mma_tuning, tensor_cores,
 };
 #[cfg(feature = "wgpu")]
-pub use dot::{DOT_Q_MAX, DotTuning};
+pub use dot::DotTuning;
 pub use error::Q8Error;
+pub use input::{Q8Input, q8_linear_input};
 #[cfg(feature = "wgpu")]
 pub use mma::MmaTuning;
 pub use ops::{Q8Backend, READ_PARTIALS, q8_linear, read_weight};
 pub use quantize::{Q8_MAX, Q8Builder, Q8Rows, dequantize_rows, quantize_rows, relative_error};
+pub use split::{SPLIT_BLOCK, SPLIT_Q_MAX, SPLIT_WORDS};
 pub(crate) use store::add_q8;
 pub use store::{
     Q8Written, SCALE_SUFFIX, is_projection_weight, scale_name, write_q8, write_q8_rows,

@@ -2,7 +2,8 @@
 //! format's definition, independent of the crate's kernels.
 #![allow(dead_code)]
 
-use burn::tensor::f16;
+use burn::tensor::{Device, f16};
+use burn_mapped::q8::{Q8Rows, Q8Weight};
 
 /// A xorshift generator seeded from the clock (or `Q8_SEED`), so every run sees new
 /// operands; failures print the seed to replay them.
@@ -155,4 +156,35 @@ pub fn xor_words(bytes: &[i8]) -> u32 {
         }
         x ^ u32::from_le_bytes(b)
     })
+}
+
+/// A fresh q8 weight `[out, inp]` on `device`, with the values and scales it holds.
+pub fn weight(
+    rng: &mut Rng,
+    out: usize,
+    inp: usize,
+    device: &Device,
+) -> (Vec<i8>, Vec<f16>, Q8Weight) {
+    let q = rng.q8_values(out * inp);
+    let s = rng.scales(out);
+    let rows = Q8Rows {
+        values: q.clone(),
+        scales: s.clone(),
+    };
+    let w = Q8Weight::from_rows(&rows, out, inp, device).unwrap();
+    (q, s, w)
+}
+
+/// `t` fresh activation rows of `inp` values, row 1 (where there is one) scaled by 1e6 and
+/// row 2 by 1e-9: magnitudes far past f16's range and below its normal range.
+pub fn spread_rows(rng: &mut Rng, t: usize, inp: usize) -> Vec<f32> {
+    let mut x = rng.vec_nonzero(t * inp);
+    for (row, factor) in [(1, 1e6f32), (2, 1e-9)] {
+        if row < t {
+            x[row * inp..(row + 1) * inp]
+                .iter_mut()
+                .for_each(|v| *v *= factor);
+        }
+    }
+    x
 }

@@ -447,9 +447,10 @@ impl Attention {
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let rep = heads / kv_heads;
 
-        let q = project(&self.q_proj, x.clone()).reshape([batch, seq, heads, d]);
-        let k = project(&self.k_proj, x.clone()).reshape([batch, seq, kv_heads, d]);
-        let v = project(&self.v_proj, x).reshape([batch, seq, kv_heads, d]);
+        let [q, k, v] = project_shared([&self.q_proj, &self.k_proj, &self.v_proj], x);
+        let q = q.reshape([batch, seq, heads, d]);
+        let k = k.reshape([batch, seq, kv_heads, d]);
+        let v = v.reshape([batch, seq, kv_heads, d]);
         let q = rope.apply(q);
         let k = rope.apply(k);
 
@@ -490,8 +491,8 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(project(&self.gate_proj, x.clone()));
-        project(&self.down_proj, gate * project(&self.up_proj, x))
+        let [gate, up] = project_shared([&self.gate_proj, &self.up_proj], x);
+        project(&self.down_proj, silu(gate) * up)
     }
 }
 
@@ -527,6 +528,15 @@ impl RmsNorm {
 /// the weight to 3-D, and reshaping a transposed view makes Flex copy it into a contiguous
 /// buffer on every call: a per-use copy of every weight, every token. A 2-D product hands
 /// the strided view straight to the GEMM, which reads the adopted pages in place.
+/// `layers` on the same `x`, q8 layers sharing one prepared input ([`Projection::forward_shared`]).
+fn project_shared<const N: usize>(layers: [&Projection; N], x: Tensor<3>) -> [Tensor<3>; N] {
+    let [batch, seq, d_in] = x.dims();
+    Projection::forward_shared(layers, x.reshape([batch * seq, d_in])).map(|y| {
+        let d_out = y.dims()[1];
+        y.reshape([batch, seq, d_out])
+    })
+}
+
 fn project(layer: &Projection, x: Tensor<3>) -> Tensor<3> {
     let [batch, seq, d_in] = x.dims();
     let y = layer.forward(x.reshape([batch * seq, d_in]));

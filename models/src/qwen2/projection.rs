@@ -8,7 +8,7 @@ use burn::module::{
 use burn::nn::Linear;
 use burn::tensor::{DType, Device, Int, Shape, Tensor};
 use burn_mapped::Stager;
-use burn_mapped::q8::{Q8Error, Q8Weight, q8_linear};
+use burn_mapped::q8::{Q8Error, Q8Input, Q8Weight, q8_linear, q8_linear_input};
 
 /// A q8 linear layer: `y = (x W^T) * scale + bias` with `W` int8 `[out, in]` and one f16 scale
 /// per output row. Parameter names match the store's q8 tensors: `weight` (I8),
@@ -81,6 +81,20 @@ impl Q8Linear {
         out[D - 1] = weight.out_features();
         y.reshape(out)
     }
+
+    /// Applies the layer to a prepared input (`[rows, in]`, see [`Q8Input`]), which the other
+    /// layers reading the same rows share.
+    ///
+    /// # Panics
+    ///
+    /// As [`forward`](Self::forward).
+    pub fn forward_input(&self, input: &Q8Input) -> Tensor<2> {
+        let weight = self
+            .q8_weight()
+            .unwrap_or_else(|e| panic!("Q8Linear parameters: {e}"));
+        q8_linear_input(input, &weight, self.bias.as_ref().map(|b| b.val()))
+            .unwrap_or_else(|e| panic!("Q8Linear: {e}"))
+    }
 }
 
 /// A projection stored as float or as q8.
@@ -148,6 +162,29 @@ impl Projection {
             Projection::PerUseCopy(inner, stager) => {
                 stager.stage_module((**inner).clone()).forward(x)
             }
+        }
+    }
+
+    /// `layers` applied to the same `x` (`[rows, in]`): when every one is q8 (adopted, not a
+    /// per-use copy) they share one [`Q8Input`], so where the dp4a kernel runs the activations
+    /// are split once for all of them; otherwise each applies its own forward.
+    pub fn forward_shared<const N: usize>(
+        layers: [&Projection; N],
+        x: Tensor<2>,
+    ) -> [Tensor<2>; N] {
+        let q8: Option<Vec<&Q8Linear>> = layers
+            .iter()
+            .map(|layer| match layer {
+                Projection::Q8(q8) => Some(q8),
+                _ => None,
+            })
+            .collect();
+        match q8 {
+            Some(q8) => {
+                let input = Q8Input::new(x);
+                std::array::from_fn(|i| q8[i].forward_input(&input))
+            }
+            None => std::array::from_fn(|i| layers[i].forward(x.clone())),
         }
     }
 
