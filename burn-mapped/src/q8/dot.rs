@@ -79,13 +79,15 @@ impl DotTuning {
         unroll: 2,
     };
 
-    /// Five to eight activation rows: eight output rows per thread reuse each activation load
-    /// eight times, one stride in flight keeps the registers for them: T = 8 0.566 ms on the
-    /// H200 (FMA 0.776, cuBLAS fp16 0.600 in the same call); T = 5-7 by interpolation.
+    /// Five to eight activation rows: six output rows per thread reuse each activation load
+    /// six times, one stride in flight keeps the registers for them: T = 8 0.522 ms on the
+    /// H200 with one split per pass (eight rows 0.548, `benches/results/h200/shapes/`; with a
+    /// split per product eight rows took 0.566, the FMA kernel 0.776, cuBLAS fp16 0.600 in the
+    /// same call); T = 5-7 by interpolation.
     pub const MANY: DotTuning = DotTuning {
         lanes: 32,
         groups: 4,
-        rows: 8,
+        rows: 6,
         unroll: 1,
     };
 
