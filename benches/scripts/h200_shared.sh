@@ -9,7 +9,7 @@
 # Binaries: `gemv-vulkan.xz` (Fusion), `q8_wgpu-vulkan.xz`, `burn_mapped_lib-vulkan.xz`.
 # One archive under $OUT.
 #
-#   bash benches/scripts/h200_shared.sh    (ROUNDS="1 2", TASKS="32 8 4" by default;
+#   bash benches/scripts/h200_shared.sh    (ROUNDS="1 2", TASKS="32 8 4", TSWEEP=1,2,4,8 by default;
 #                                           SKIP_TESTS=1 skips the tests)
 set -u
 LOG_NAME=h200-shared.log
@@ -26,16 +26,16 @@ for round in ${ROUNDS:-1 2}; do
   for tasks in ${TASKS:-32 8 4}; do
     export CUBECL_WGPU_MAX_TASKS=$tasks
     run "tasks_max $tasks, round $round" "$work/gemv-vulkan" --device vulkan --store "$store" \
-      --arms sync,read,q8,q8shared,readgraph,q8graph,q8sharedgraph --t-sweep 1,2,4,8 \
+      --arms sync,read,q8,q8shared,readgraph,q8graph,q8sharedgraph --t-sweep "${TSWEEP:-1,2,4,8}" \
       --passes 40 --device-time --json "$out/tasks$tasks-r$round.json"
   done
   export CUBECL_WGPU_MAX_TASKS=8
   run "FMA kernel, tasks_max 8, round $round" "$work/gemv-vulkan" --device vulkan --store "$store" \
-    --arms q8graph --t-sweep 1,2,4,8 --passes 40 --device-time \
+    --arms q8graph --t-sweep "${TSWEEP:-1,2,4,8}" --passes 40 --device-time \
     --tunings 32.4.4.4.4.4,32.4.8.2.4.2 --json "$out/fma-tasks8-r$round.json"
   unset CUBECL_WGPU_MAX_TASKS
   run "pytorch, round $round" python3 benches/python/gemv_torch.py --arms readf32,fp16,int8pack \
-    --t-sweep 1,2,4,8 --passes 40 --json "$out/torch-r$round.json"
+    --t-sweep "${TSWEEP:-1,2,4,8}" --passes 40 --json "$out/torch-r$round.json"
 done
 stop_clock
 (cd "$out" && tar czf shared.tgz ./*.json smi.csv "$(basename "$log")" && rm -f ./*.json smi.csv)

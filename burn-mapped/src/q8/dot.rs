@@ -83,7 +83,7 @@ impl DotTuning {
     /// six times, one stride in flight keeps the registers for them: T = 8 0.522 ms on the
     /// H200 with one split per pass (eight rows 0.548, `benches/results/h200/shapes/`; with a
     /// split per product eight rows took 0.566, the FMA kernel 0.776, cuBLAS fp16 0.600 in the
-    /// same call); T = 5-7 by interpolation.
+    /// same call); T = 5-7 run the same eight-row kernel (`kernel_tile`), 0.521 ms.
     pub const MANY: DotTuning = DotTuning {
         lanes: 32,
         groups: 4,
@@ -120,6 +120,15 @@ impl std::fmt::Display for DotTuning {
             self.lanes, self.groups, self.rows, self.unroll
         )
     }
+}
+
+/// The activation rows one pass of the kernel is compiled for, given `t` rows in all. Five to
+/// seven rows run the eight-row kernel, the rows past `t` reading row `t - 1` again and writing
+/// nothing: on the H200 the kernels compiled for them took 0.584 / 0.797 / 0.659 ms per
+/// 12 x 88 MB pass at T = 5 / 6 / 7 against 0.525 for eight rows (`MANY`, one split per pass,
+/// `benches/results/h200/tsweep8/`).
+pub(super) fn kernel_tile(t: usize) -> usize {
+    if t > 4 { TILE } else { t }
 }
 
 /// Whether the kernel runs a row of `inp` values (whole blocks).
@@ -355,7 +364,7 @@ pub(super) fn run_split(
     let [out, inp] = values.meta.shape().dims::<2>();
     let client = split.client.clone();
     let nblk = inp / BLOCK;
-    let tile = t.min(TILE);
+    let tile = kernel_tile(t);
     let rows_per_cube = tuning.groups * tuning.rows;
     let count = CubeCount::Static(
         out.div_ceil(rows_per_cube) as u32,
