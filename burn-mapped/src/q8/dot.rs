@@ -96,7 +96,7 @@ impl DotTuning {
     pub const fn default_for(tile: usize) -> DotTuning {
         match tile {
             0..=1 => DotTuning::ONE,
-            2..=4 => DotTuning::FEW,
+            2..MANY_FROM => DotTuning::FEW,
             _ => DotTuning::MANY,
         }
     }
@@ -122,13 +122,16 @@ impl std::fmt::Display for DotTuning {
     }
 }
 
+/// The fewest activation rows that take [`DotTuning::MANY`] and the eight-row kernel.
+const MANY_FROM: usize = 5;
+
 /// The activation rows one pass of the kernel is compiled for, given `t` rows in all. Five to
-/// seven rows run the eight-row kernel, the rows past `t` reading row `t - 1` again and writing
+/// seven rows (`MANY`'s) run the eight-row kernel, the rows past `t` reading row `t - 1` again and writing
 /// nothing: on the H200 the kernels compiled for them took 0.584 / 0.797 / 0.659 ms per
 /// 12 x 88 MB pass at T = 5 / 6 / 7 against 0.525 for eight rows (`MANY`, one split per pass,
 /// `benches/results/h200/tsweep8/`).
 pub(super) fn kernel_tile(t: usize) -> usize {
-    if t > 4 { TILE } else { t }
+    if t >= MANY_FROM { TILE } else { t }
 }
 
 /// Whether the kernel runs a row of `inp` values (whole blocks).
