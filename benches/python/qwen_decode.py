@@ -74,7 +74,9 @@ def main():
                     raise SystemExit(f"prompt {i}: ids differ from the reference's")
                 ref = prompt["generated_ids"]
                 ids = got["generated_ids"]
-                same_ref = next((k for k, (a, b) in enumerate(zip(ids, ref)) if a != b), len(ref))
+                same_ref = next(
+                    (k for k, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref))
+                )
                 runs.append({
                     "round": rnd, "dtype": dtype, "prompt": i,
                     "decode_tokens_per_s": got["decode_tokens_per_s"],
@@ -87,9 +89,9 @@ def main():
                 })
 
     summary = {}
+    f32 = {(r["round"], r["prompt"]): r["generated_ids"] for r in runs if r["dtype"] == "f32"}
     for dtype in dtypes:
         mine = [r for r in runs if r["dtype"] == dtype]
-        f32 = {(r["round"], r["prompt"]): r["generated_ids"] for r in runs if r["dtype"] == "f32"}
         per_prompt = []
         for i in range(len(prompts)):
             first = next(r for r in mine if r["prompt"] == i)
@@ -101,7 +103,7 @@ def main():
                     r["generated_ids"] == first["generated_ids"] for r in mine if r["prompt"] == i
                 ),
             }
-            if (first["round"], i) in f32:
+            if dtype != "f32" and (first["round"], i) in f32:
                 other = f32[(first["round"], i)]
                 row["f32_equal"] = sum(a == b for a, b in zip(first["generated_ids"], other))
                 row["of"] = len(other)
@@ -122,7 +124,8 @@ def main():
             f.write(text)
     print(text)
     print(f"\n{'dtype':6} {'tok/s median (min-max)':26} {'TTFT ms':10} "
-          f"ref 32: equal (prefix) per prompt; equal to f32 of 64")
+          f"ref {len(prompts[0]['generated_ids'])}: equal (prefix) per prompt; "
+          f"equal to f32 of {args.tokens}")
     for dtype, s in summary.items():
         d = s["decode_tokens_per_s"]
         refs = " ".join(f"{r['reference_equal_of_32']}({r['reference_prefix_equal']})"
