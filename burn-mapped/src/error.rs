@@ -305,6 +305,29 @@ pub enum StoreError {
         /// Underlying error.
         source: io::Error,
     },
+    /// The tensors' padded sizes add up past [`MAX_STORE_BYTES`](crate::MAX_STORE_BYTES).
+    #[error("tensor `{tensor}`: the store's files add up past {max} bytes")]
+    StoreTooLarge {
+        /// The tensor at which the sum passed the limit.
+        tensor: String,
+        /// The limit.
+        max: u64,
+    },
+    /// A writer was pointed at something that is not a store (a file, a link, or a directory
+    /// with other contents); nothing there was touched.
+    #[error("{} exists and is not a burn-mapped store ({reason}); refusing to replace it", dir.display())]
+    NotAStore {
+        /// The target.
+        dir: PathBuf,
+        /// What was found.
+        reason: &'static str,
+    },
+    /// A writer was pointed at an existing store without being allowed to replace it.
+    #[error("{} is an existing store; replacing it was not requested", dir.display())]
+    StoreExists {
+        /// The target.
+        dir: PathBuf,
+    },
     /// Burn's own record reader refused the image (a bug in this crate if it happens).
     #[error("burnpack image rejected by burn: {0}")]
     Record(String),

@@ -35,9 +35,9 @@ use burn::tensor::DType;
 use serde::Serialize;
 
 use crate::error::StoreError;
+use crate::generation::Generation;
 use crate::layout::{ALIGNMENT, huge_page_size, page_size};
 use crate::manifest::Manifest;
-use crate::map::open_all;
 
 // Field names and shapes follow burnpack's CBOR metadata (format version 1).
 #[derive(Serialize)]
@@ -60,6 +60,9 @@ pub(crate) struct Image {
     len: usize,
     // Open descriptors keep the shared advisory locks for as long as the image is mapped.
     _files: Vec<File>,
+    // Unregistered before `Drop` unmaps (a struct's fields drop after its `drop` runs, but no
+    // fault can be taken in between: nothing reads a dropping image).
+    _faults: Vec<crate::fault::Registration>,
 }
 
 // SAFETY: the image is immutable after construction (every page is PROT_READ) and owns its
@@ -90,22 +93,33 @@ fn round_up(n: u64) -> u64 {
 /// Where each tensor's slot starts in the image, and where the last one ends, for a data
 /// region starting at `data_start`: slots follow each other, and one of at least a huge page
 /// starts on a huge-page boundary.
-fn slots(manifest: &Manifest, data_start: u64) -> (Vec<u64>, u64) {
+///
+/// Every step is checked, and the end must fit in `isize`: `build` reserves exactly
+/// `0..end` and maps each file at its slot with `MAP_FIXED`, so a sum that wrapped would map a
+/// file over memory the image does not own. The manifest caps its padded total
+/// ([`MAX_STORE_BYTES`](crate::MAX_STORE_BYTES)), which keeps real stores far from the limit.
+fn slots(manifest: &Manifest, data_start: u64) -> Result<(Vec<u64>, u64), StoreError> {
     let huge = huge_page_size();
     let mut cursor = data_start;
-    let offsets = manifest
-        .tensors()
-        .iter()
-        .map(|t| {
-            if t.padded_len() >= huge {
-                cursor = cursor.next_multiple_of(huge);
-            }
-            let start = cursor;
-            cursor += t.padded_len();
-            start
-        })
-        .collect();
-    (offsets, cursor)
+    let mut offsets = Vec::with_capacity(manifest.tensors().len());
+    for t in manifest.tensors() {
+        let too_large = || StoreError::StoreTooLarge {
+            tensor: t.name().to_string(),
+            max: isize::MAX as u64,
+        };
+        if t.padded_len() >= huge {
+            cursor = cursor
+                .checked_next_multiple_of(huge)
+                .ok_or_else(too_large)?;
+        }
+        let start = cursor;
+        cursor = cursor
+            .checked_add(t.padded_len())
+            .filter(|&end| end <= isize::MAX as u64)
+            .ok_or_else(too_large)?;
+        offsets.push(start);
+    }
+    Ok((offsets, cursor))
 }
 
 /// Encodes burnpack's CBOR metadata for tensors at image offsets `slots`, assuming the
@@ -135,8 +149,9 @@ fn encode_metadata(manifest: &Manifest, slots: &[u64], metadata_len: usize) -> V
     cbor
 }
 
-/// Maps every tensor file of the store at `dir` into one burnpack image.
-pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, StoreError> {
+/// Maps every tensor file of the store at `dir` into one burnpack image; returns it with the
+/// manifest of the generation it was built from.
+pub(crate) fn build(dir: &Path) -> Result<(Arc<Image>, Manifest), StoreError> {
     let page = page_size();
     if !ALIGNMENT.is_multiple_of(page as u64) {
         return Err(StoreError::UnsupportedPageSize {
@@ -144,28 +159,33 @@ pub(crate) fn build(dir: &Path, manifest: &Manifest) -> Result<Arc<Image>, Store
             alignment: ALIGNMENT,
         });
     }
-    // Validate every file before reserving anything.
-    let files: Vec<File> = open_all(dir, manifest.tensors())?
-        .into_iter()
-        .map(|(file, _)| file)
-        .collect();
-    let layout = settle(manifest)?;
+    let generation = Generation::open(dir)?;
+    let manifest = generation.manifest()?;
+    // Settle the geometry (pure arithmetic) and validate every file before reserving anything.
+    let layout = settle(&manifest)?;
+    let files = generation.open_all(manifest.tensors())?;
+    drop(generation);
 
     let base = reserve(layout.total, huge_page_size() as usize)?;
     let mut image = Image {
         base,
         len: layout.total,
         _files: Vec::new(),
+        _faults: Vec::new(),
     };
     write_header(&image, &layout.header, layout.data_start as usize)?;
-    for ((entry, file), &slot) in manifest.tensors().iter().zip(&files).zip(&layout.slots) {
+    for ((entry, (file, path)), &slot) in manifest.tensors().iter().zip(&files).zip(&layout.slots) {
         let len = entry.padded_len() as usize;
         if len > 0 {
             map_fixed(&image, slot as usize, len, file, entry.name())?;
+            let start = image.base as usize + slot as usize;
+            image
+                ._faults
+                .push(crate::fault::register(start..start + len, path));
         }
     }
-    image._files = files;
-    Ok(Arc::new(image))
+    image._files = files.into_iter().map(|(file, _)| file).collect();
+    Ok((Arc::new(image), manifest))
 }
 
 /// The image's header and geometry.
@@ -189,7 +209,7 @@ fn settle(manifest: &Manifest) -> Result<Layout, StoreError> {
         if pass.is_multiple_of(4) {
             data_start += ALIGNMENT;
         }
-        let (slots, end) = slots(manifest, data_start);
+        let (slots, end) = slots(manifest, data_start)?;
         let cbor = encode_metadata(manifest, &slots, metadata_len);
         let header_len = Header::new(cbor.len() as u32).into_bytes().len() + cbor.len();
         let needed = round_up(header_len as u64);
@@ -214,10 +234,13 @@ fn settle(manifest: &Manifest) -> Result<Layout, StoreError> {
 
 /// The same image as [`build`], read into one anonymous buffer instead of mapped: the copy
 /// control of the benchmarks (same files, same record construction, owned storage).
-pub(crate) fn read_owned(dir: &Path, manifest: &Manifest) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn read_owned(dir: &Path) -> Result<Vec<u8>, StoreError> {
     use std::io::Read;
-    let files = open_all(dir, manifest.tensors())?;
-    let layout = settle(manifest)?;
+    let generation = Generation::open(dir)?;
+    let manifest = generation.manifest()?;
+    let layout = settle(&manifest)?;
+    let files = generation.open_all(manifest.tensors())?;
+    drop(generation);
     let mut image = vec![0u8; layout.total];
     image[..layout.header.len()].copy_from_slice(&layout.header);
     for ((entry, (mut file, path)), &slot) in
@@ -308,9 +331,13 @@ fn map_fixed(
     tensor: &str,
 ) -> Result<(), StoreError> {
     // SAFETY: the target range lies inside the image's reservation (offset + len <= image.len
-    // by construction), so MAP_FIXED replaces only our own reserved pages. The file is at
-    // least `len` bytes long (checked by `open_all`), so no page of the mapping lies past
-    // end of file.
+    // by `slots`' checked arithmetic, asserted below), so MAP_FIXED replaces only our own
+    // reserved pages. The file is at least `len` bytes long (checked when it was opened), so
+    // no page of the mapping lies past end of file.
+    assert!(
+        offset.checked_add(len).is_some_and(|end| end <= image.len),
+        "image slot outside the reservation"
+    );
     let p = unsafe {
         libc::mmap(
             image.base.add(offset).cast(),

@@ -78,6 +78,8 @@ pub mod convert;
 mod device;
 mod dtype;
 mod error;
+mod fault;
+mod generation;
 pub mod gguf;
 mod image;
 mod layout;
@@ -89,19 +91,21 @@ pub mod q8;
 mod readonly;
 mod recorder;
 mod store;
+pub mod untrusted;
 mod writer;
 
 pub use device::DevicePlacement;
 pub use dtype::{dtype_name, parse_dtype};
 pub use error::{ExpectedLen, StoreError};
+pub use fault::SIGBUS_EXIT_CODE;
 pub use layout::{ALIGNMENT, huge_page_size, padded_len, page_size};
 pub use manifest::{
     FORMAT, FORMAT_VERSION, MANIFEST_FILE, MAX_FILE_NAME_BYTES, MAX_MANIFEST_BYTES, MAX_NAME_BYTES,
-    MAX_RANK, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,
+    MAX_RANK, MAX_STORE_BYTES, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,
 };
 pub use map::MappedFile;
 pub use placement::{Placement, Stager, is_flex, owned_copy};
 pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
 pub use recorder::MappedRecorder;
 pub use store::{MappedStore, OpenOptions, verify_dir};
-pub use writer::{StoreWriter, TensorSink, TensorSpec};
+pub use writer::{Existing, StoreWriter, TensorSink, TensorSpec};

@@ -28,6 +28,10 @@ pub const MAX_NAME_BYTES: usize = 1024;
 pub const MAX_FILE_NAME_BYTES: usize = 255;
 /// Highest tensor rank.
 pub const MAX_RANK: usize = 8;
+/// Largest store, padded files summed: 2^46 bytes (64 TiB), below the 47-bit user address
+/// space of x86-64 and AArch64 Linux, so a whole store can be reserved as one range and no sum
+/// over its sizes (or the image's huge-page-aligned slots) can wrap.
+pub const MAX_STORE_BYTES: u64 = 1 << 46;
 
 /// The quantization scheme of the packed int8 format: int8 `[out, in]` values with one f16
 /// scale per output row.
@@ -182,28 +186,10 @@ pub struct Manifest {
     metadata: BTreeMap<String, String>,
     tensors: Vec<TensorEntry>,
     index: HashMap<String, usize>,
+    padded_total: u64,
 }
 
 impl Manifest {
-    /// Reads and validates `<dir>/manifest.json`.
-    pub fn read(dir: &Path) -> Result<Self, StoreError> {
-        let path = dir.join(MANIFEST_FILE);
-        let io = |source| StoreError::ManifestIo {
-            path: path.clone(),
-            source,
-        };
-        let len = std::fs::metadata(&path).map_err(io)?.len();
-        if len > MAX_MANIFEST_BYTES {
-            return Err(StoreError::ManifestTooLarge {
-                path,
-                len,
-                max: MAX_MANIFEST_BYTES,
-            });
-        }
-        let bytes = std::fs::read(&path).map_err(io)?;
-        Self::parse(&bytes, &path)
-    }
-
     /// Parses and validates manifest bytes; `path` is only used in error messages.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Self, StoreError> {
         let too_many = |what, found: usize, max: usize| StoreError::LimitExceeded {
@@ -257,7 +243,16 @@ impl Manifest {
     ) -> Result<Self, StoreError> {
         let mut index = HashMap::with_capacity(tensors.len());
         let mut files: HashMap<&str, &str> = HashMap::with_capacity(tensors.len());
+        let mut padded_total = 0u64;
         for (i, entry) in tensors.iter().enumerate() {
+            // Every sum over entries (totals, image slots) stays below this, so none can wrap.
+            padded_total = padded_total
+                .checked_add(entry.padded_len)
+                .filter(|&t| t <= MAX_STORE_BYTES)
+                .ok_or_else(|| StoreError::StoreTooLarge {
+                    tensor: entry.name.clone(),
+                    max: MAX_STORE_BYTES,
+                })?;
             if index.insert(entry.name.clone(), i).is_some() {
                 return Err(StoreError::DuplicateName {
                     tensor: entry.name.clone(),
@@ -275,6 +270,7 @@ impl Manifest {
             metadata,
             tensors,
             index,
+            padded_total,
         };
         for entry in &manifest.tensors {
             if let Some(link) = &entry.quant {
@@ -331,7 +327,13 @@ impl Manifest {
 
     /// Sum of logical tensor bytes.
     pub fn total_bytes(&self) -> u64 {
+        // Each len is at most its padded len, whose sum was checked at construction.
         self.tensors.iter().map(|t| t.len).sum()
+    }
+
+    /// Sum of on-disk (padded) tensor bytes, at most [`MAX_STORE_BYTES`].
+    pub fn padded_bytes(&self) -> u64 {
+        self.padded_total
     }
 
     /// Serializes to pretty JSON.

@@ -13,7 +13,6 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -24,6 +23,8 @@ use crate::manifest::TensorEntry;
 
 /// One tensor file, mapped `PROT_READ` + `MAP_SHARED`, with its shared lock held.
 pub struct MappedFile {
+    // Declared before `map` so the range is unregistered before it is unmapped.
+    _fault: crate::fault::Registration,
     map: Option<Mmap>,
     len: usize,
     path: PathBuf,
@@ -51,11 +52,13 @@ impl MappedFile {
     /// short file never faults), [`StoreError::Io`] for anything else, including a file that
     /// is a symbolic link or not a regular file, or one locked exclusively by a rewriter.
     pub fn open(dir: &Path, entry: &TensorEntry) -> Result<Self, StoreError> {
-        let (file, path) = open_checked(dir, entry)?;
+        let path = dir.join(entry.file());
+        let opened = crate::untrusted::open_regular(&path, crate::untrusted::Links::Refuse);
+        let (file, path) = check_opened(opened, path, entry)?;
         Self::map_checked(file, path, entry)
     }
 
-    /// Maps a file [`open_checked`] has opened and checked for `entry`.
+    /// Maps a file [`check_opened`] has checked for `entry`.
     pub(crate) fn map_checked(
         file: File,
         path: PathBuf,
@@ -67,7 +70,7 @@ impl MappedFile {
         } else {
             // SAFETY: the mapping is read-only and shared; the type-level hazard (the file
             // changing under the map) is documented above and mitigated by the size check
-            // and the shared lock taken in `open_checked`.
+            // and the shared lock taken in `check_opened`.
             let map = unsafe { MmapOptions::new().len(padded).map(&file) }.map_err(|source| {
                 StoreError::Io {
                     tensor: entry.name().to_string(),
@@ -83,7 +86,12 @@ impl MappedFile {
             }
             Some(map)
         };
+        let range = map.as_deref().map_or(0..0, |m: &[u8]| {
+            let start = m.as_ptr() as usize;
+            start..start + m.len()
+        });
         Ok(Self {
+            _fault: crate::fault::register(range, &path),
             map,
             len: entry.len() as usize,
             path,
@@ -127,70 +135,9 @@ impl MappedFile {
     }
 }
 
-/// [`open_checked`] for every entry, in manifest order, so the first bad entry is the error.
-/// Each file is opened relative to the directory, opened once: the kernel then looks up one
-/// name per file instead of walking the whole path again (opening is most of a load's system
-/// time with hundreds of tensors). Spreading the opens over a thread pool was measured slower
-/// on a 2-core machine; the calls contend in the kernel.
-pub(crate) fn open_all(
-    dir: &Path,
-    entries: &[TensorEntry],
-) -> Result<Vec<(File, PathBuf)>, StoreError> {
-    #[cfg(target_os = "linux")]
-    const DIR_FLAGS: libc::c_int = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-    #[cfg(not(target_os = "linux"))]
-    const DIR_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_CLOEXEC;
-    let Ok(dir_file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(DIR_FLAGS)
-        .open(dir)
-    else {
-        // Let the per-file path report what is wrong, naming the tensor.
-        return entries.iter().map(|e| open_checked(dir, e)).collect();
-    };
-    entries
-        .iter()
-        .map(|entry| {
-            let path = dir.join(entry.file());
-            check_opened(open_at(&dir_file, entry.file()), path, entry)
-        })
-        .collect()
-}
-
-/// `openat(dir, name)`, read-only, not following a final symbolic link.
-fn open_at(dir: &File, name: &str) -> std::io::Result<File> {
-    use std::os::fd::FromRawFd;
-    let name = std::ffi::CString::new(name).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "file name contains NUL")
-    })?;
-    // SAFETY: `dir` is an open descriptor for the call's duration and `name` is NUL-terminated.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by `openat` and nothing else owns it.
-    Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// Opens a tensor file without following links, checks it is a regular file at least as long
-/// as its padded length, and takes a shared advisory lock on it.
-pub(crate) fn open_checked(dir: &Path, entry: &TensorEntry) -> Result<(File, PathBuf), StoreError> {
-    let path = dir.join(entry.file());
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path);
-    check_opened(opened, path, entry)
-}
-
-/// The checks of [`open_checked`] on a file already opened (or not) at `path`.
-fn check_opened(
+/// Checks a tensor file opened (or not) at `path` by [`crate::untrusted`]: present, at least
+/// as long as its padded length, and not locked exclusively; takes a shared advisory lock.
+pub(crate) fn check_opened(
     opened: std::io::Result<File>,
     path: PathBuf,
     entry: &TensorEntry,
@@ -211,12 +158,6 @@ fn check_opened(
         Err(e) => return Err(io(e)),
     };
     let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        )));
-    }
     if meta.len() < entry.padded_len() {
         return Err(StoreError::ShortFile {
             tensor: entry.name().to_string(),

@@ -72,9 +72,12 @@ impl MappedRecorder {
     /// the file); for writes that fail loudly instead, load through [`crate::MappedStore`] in
     /// strict mode.
     pub fn load(&self, dir: impl AsRef<Path>) -> Result<ModuleRecord, StoreError> {
-        let dir = dir.as_ref();
-        let manifest = Manifest::read(dir)?;
-        let image = image::build(dir, &manifest)?;
+        let (image, _) = image::build(dir.as_ref())?;
+        self.record_of(image)
+    }
+
+    /// The record over `image`, or over one owned copy of it for a copying placement.
+    fn record_of(&self, image: std::sync::Arc<image::Image>) -> Result<ModuleRecord, StoreError> {
         let bytes = if self.placement().copies_at_load() {
             // One copy of header and tensors; the image (and every mapping) drops here.
             shared_owned_copy(image.as_ref().as_ref())
@@ -92,9 +95,7 @@ impl MappedRecorder {
     /// owned storage, so a benchmark can tell what adoption saves from what the per-tensor
     /// layout saves. Loaders should use [`load`](Self::load).
     pub fn load_copied(&self, dir: impl AsRef<Path>) -> Result<ModuleRecord, StoreError> {
-        let dir = dir.as_ref();
-        let manifest = Manifest::read(dir)?;
-        let image = image::read_owned(dir, &manifest)?;
+        let image = image::read_owned(dir.as_ref())?;
         // `bytes::Bytes` takes the Vec without copying; Burn's `from_bytes_vec` would copy it
         // again to raise its alignment.
         let bytes = burn::tensor::Bytes::from_shared(
@@ -171,9 +172,11 @@ impl MappedRecorder {
     /// `per-use copy` or `resident`).
     pub fn load_into<M: Module>(&self, module: M, dir: impl AsRef<Path>) -> Result<M, StoreError> {
         let dir = dir.as_ref();
-        crate::device::prepare(dir, &Manifest::read(dir)?, &module.devices())?;
+        // One generation for both the check and the record.
+        let (image, manifest) = image::build(dir)?;
+        crate::device::prepare(dir, &manifest, &module.devices())?;
         module
-            .try_load_record(self.load(dir)?)
+            .try_load_record(self.record_of(image)?)
             .map_err(|e| StoreError::Record(e.to_string()))
     }
 }

@@ -1,13 +1,22 @@
 //! Writing a store: one zero-padded file per tensor, then the manifest, published atomically.
 //!
 //! Everything is written into a sibling temporary directory, fsynced, and swapped into place
-//! with one `renameat2(RENAME_EXCHANGE)` (or a plain rename when the target is new). Processes
-//! that map the old store keep its inodes; new openers see the whole new store or the whole old
-//! one, never a mix.
+//! with one `renameat2(RENAME_EXCHANGE)` (or `RENAME_NOREPLACE` when the target is new).
+//! Processes that map the old store keep its inodes; new openers see the whole new store or
+//! the whole old one, never a mix (see [`crate::generation`] for the lock that makes this
+//! hold for a reader that is opening while the exchange happens).
+//!
+//! The writer removes only what it wrote: the target is replaced only when it is a
+//! burn-mapped store (its `manifest.json` says so) or an empty directory, never a file, a link
+//! or a directory with anything else in it ([`StoreError::NotAStore`]); of the replaced store
+//! it unlinks only the manifest and files named the way this writer names them. A temporary
+//! directory left by a killed writer is found by its name and its free lock and cleared the
+//! same way by the next writer into the same target.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,8 +24,9 @@ use burn::tensor::DType;
 use xxhash_rust::xxh3::Xxh3Default;
 
 use crate::error::StoreError;
+use crate::generation::{lock, open_dir, still_at};
 use crate::layout::padded_len;
-use crate::manifest::{MANIFEST_FILE, Manifest, QuantLink, TensorEntry, file_name_for};
+use crate::manifest::{FORMAT, MANIFEST_FILE, Manifest, QuantLink, TensorEntry, file_name_for};
 
 /// What the writer needs to know about a tensor besides its bytes.
 #[derive(Debug, Clone)]
@@ -136,11 +146,24 @@ impl Write for TensorSink<'_> {
     }
 }
 
+/// What a writer does with an existing store at its target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Existing {
+    /// Replace it atomically.
+    #[default]
+    Replace,
+    /// Refuse with [`StoreError::StoreExists`].
+    Refuse,
+}
+
 /// Builds a store directory.
 #[derive(Debug)]
 pub struct StoreWriter {
     dir: PathBuf,
     tmp: PathBuf,
+    existing: Existing,
+    // Held (with `LOCK_EX`) while writing, so a later writer knows this one is alive.
+    _tmp_lock: File,
     entries: Vec<TensorEntry>,
     metadata: BTreeMap<String, String>,
     finished: bool,
@@ -149,31 +172,46 @@ pub struct StoreWriter {
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl StoreWriter {
-    /// Starts a store that will appear at `dir` when [`finish`](Self::finish) succeeds.
+    /// Starts a store that will appear at `dir` when [`finish`](Self::finish) succeeds,
+    /// replacing an existing store there.
+    ///
+    /// # Errors
+    /// [`StoreError::NotAStore`] when `dir` exists and is neither a store nor an empty
+    /// directory (checked here, and again when publishing); I/O errors.
     pub fn create(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::create_with(dir, Existing::Replace)
+    }
+
+    /// [`create`](Self::create), with what to do about an existing store at `dir`.
+    pub fn create_with(dir: impl AsRef<Path>, existing: Existing) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        let parent = match dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        check_target(&dir, existing)?;
+        let parent = parent_of(&dir);
         let leaf = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "store".to_string());
+        let prefix = format!(".{leaf}.tmp-");
         let tmp = parent.join(format!(
-            ".{leaf}.tmp-{}-{}",
+            "{prefix}{}-{}",
             std::process::id(),
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&parent)
-            .and_then(|()| std::fs::create_dir(&tmp))
-            .map_err(|source| StoreError::DirIo {
-                dir: tmp.clone(),
-                source,
-            })?;
+        let dir_io = |source| StoreError::DirIo {
+            dir: tmp.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&parent).map_err(dir_io)?;
+        clear_abandoned(&parent, &prefix);
+        std::fs::create_dir(&tmp).map_err(dir_io)?;
+        let lock = open_dir(&tmp)
+            .and_then(|file| lock(&file, libc::LOCK_EX).map(|()| file))
+            .map_err(dir_io)?;
         Ok(Self {
             dir,
             tmp,
+            existing,
+            _tmp_lock: lock,
             entries: Vec::new(),
             metadata: BTreeMap::new(),
             finished: false,
@@ -255,7 +293,7 @@ impl StoreWriter {
             .and_then(|()| file.sync_all())
             .map_err(dir_io(&self.tmp))?;
         sync_dir(&self.tmp).map_err(dir_io(&self.tmp))?;
-        publish(&self.tmp, &self.dir).map_err(dir_io(&self.dir))?;
+        publish(&self.tmp, &self.dir, self.existing)?;
         self.finished = true;
         Ok(manifest)
     }
@@ -265,7 +303,7 @@ impl Drop for StoreWriter {
     fn drop(&mut self) {
         if !self.finished {
             // Best effort: an abandoned write leaves nothing behind but cannot report errors.
-            let _ = std::fs::remove_dir_all(&self.tmp);
+            remove_written(&self.tmp);
         }
     }
 }
@@ -274,22 +312,179 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Moves `tmp` to `dir`, atomically replacing an existing store.
-fn publish(tmp: &Path, dir: &Path) -> io::Result<()> {
-    if std::fs::symlink_metadata(dir).is_ok() {
-        exchange(tmp, dir)?;
-        // `tmp` now holds the old store; its files live on for any process still mapping them.
-        std::fs::remove_dir_all(tmp)?;
-    } else {
-        std::fs::rename(tmp, dir)?;
-    }
+fn parent_of(dir: &Path) -> PathBuf {
     match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
-        _ => sync_dir(Path::new(".")),
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     }
 }
 
-fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+/// What is at a writer's target.
+enum Target {
+    Absent,
+    /// An empty directory, or a store (when `existing` allows replacing it).
+    Replaceable,
+}
+
+/// Checks what is at `dir` without changing anything.
+fn check_target(dir: &Path, existing: Existing) -> Result<Target, StoreError> {
+    match open_dir_nofollow(dir) {
+        Ok(handle) => classify(dir, &handle, existing),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Target::Absent),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+            Err(StoreError::NotAStore {
+                dir: dir.to_path_buf(),
+                reason: "not a directory (a file or a symbolic link)",
+            })
+        }
+        Err(source) => Err(StoreError::DirIo {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn classify(dir: &Path, handle: &File, existing: Existing) -> Result<Target, StoreError> {
+    let not_a_store = |reason| StoreError::NotAStore {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let is_store = match crate::untrusted::open_regular_at(handle, MANIFEST_FILE) {
+        Ok(file) => {
+            let bytes = crate::untrusted::read_capped(file, crate::manifest::MAX_MANIFEST_BYTES)
+                .map_err(|_| not_a_store("its manifest.json cannot be read"))?;
+            // Any version of the format counts: replacing an old store is the point of
+            // converting again.
+            #[derive(serde::Deserialize)]
+            struct Tag {
+                format: String,
+            }
+            serde_json::from_slice::<Tag>(&bytes).is_ok_and(|t| t.format == FORMAT)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(_) => return Err(not_a_store("its manifest.json is not a regular file")),
+    };
+    if is_store {
+        return match existing {
+            Existing::Replace => Ok(Target::Replaceable),
+            Existing::Refuse => Err(StoreError::StoreExists {
+                dir: dir.to_path_buf(),
+            }),
+        };
+    }
+    let mut entries = std::fs::read_dir(dir).map_err(|source| StoreError::DirIo {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    if entries.next().is_some() {
+        return Err(not_a_store("a directory with other contents"));
+    }
+    Ok(Target::Replaceable)
+}
+
+fn open_dir_nofollow(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(dir)
+}
+
+/// Moves `tmp` to `dir`: a new name, or an exchange with what is there if [`check_target`]
+/// allows it, decided under `dir`'s exclusive lock so readers see one generation whole.
+fn publish(tmp: &Path, dir: &Path, existing: Existing) -> Result<(), StoreError> {
+    let dir_io = |source| StoreError::DirIo {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    // A rival writer can change the target between the look and the rename; each round looks
+    // again, and the rename itself refuses what the look did not expect.
+    for _ in 0..64 {
+        match check_target(dir, existing)? {
+            Target::Absent => match rename2(tmp, dir, libc::RENAME_NOREPLACE) {
+                Ok(()) => return sync_dir(&parent_of(dir)).map_err(dir_io),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                Err(e) => return Err(dir_io(e)),
+            },
+            Target::Replaceable => {
+                let Ok(handle) = open_dir_nofollow(dir) else {
+                    continue;
+                };
+                lock(&handle, libc::LOCK_EX).map_err(dir_io)?;
+                // Look again under the lock: the directory must still be the one locked, and
+                // still something this writer may replace.
+                if !still_at(&handle, dir).map_err(dir_io)? {
+                    continue;
+                }
+                classify(dir, &handle, existing)?;
+                rename2(tmp, dir, libc::RENAME_EXCHANGE).map_err(dir_io)?;
+                // `tmp` now names the old store; its files live on for any process mapping
+                // them. Unlink them while still holding the lock (see `generation`).
+                remove_written(tmp);
+                drop(handle);
+                return sync_dir(&parent_of(dir)).map_err(dir_io);
+            }
+        }
+    }
+    Err(dir_io(io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        "the target kept changing while the store was published",
+    )))
+}
+
+/// Whether the writer could have made `name`: the manifest, or `NNNNN-<name>.tensor`.
+fn written_by_writer(name: &std::ffi::OsStr) -> bool {
+    let Some(name) = name.to_str() else {
+        return false;
+    };
+    if name == MANIFEST_FILE {
+        return true;
+    }
+    let b = name.as_bytes();
+    b.len() > 12
+        && b[..5].iter().all(u8::is_ascii_digit)
+        && b[5] == b'-'
+        && name.ends_with(".tensor")
+}
+
+/// Unlinks what a writer writes from `dir`, then `dir` itself if that left it empty; leaves
+/// anything else (and so the directory) in place.
+fn remove_written(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let regular = entry.file_type().is_ok_and(|t| t.is_file());
+            if regular && written_by_writer(&entry.file_name()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Clears the temporary directories (`<prefix><pid>-<n>`) that writers into the same target
+/// left when they were killed: a directory whose lock can be taken has no live writer.
+fn clear_abandoned(parent: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(|n| n.starts_with(prefix)) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(handle) = open_dir_nofollow(&path) else {
+            continue;
+        };
+        // SAFETY: flock only reads the descriptor, which `handle` keeps open.
+        if unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            remove_written(&path);
+        }
+    }
+}
+
+/// `renameat2(a, b, flags)`.
+fn rename2(a: &Path, b: &Path, flags: libc::c_uint) -> io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let to_c = |p: &Path| {
@@ -304,7 +499,7 @@ fn exchange(a: &Path, b: &Path) -> io::Result<()> {
             a.as_ptr(),
             libc::AT_FDCWD,
             b.as_ptr(),
-            libc::RENAME_EXCHANGE,
+            flags,
         )
     };
     if rc == 0 {

@@ -478,6 +478,7 @@ fn a_gguf_requantizes_every_picked_matrix_against_the_gguf_packages_values() {
             dtype: DType::F32,
             q8: Some(&all),
             progress: None,
+            existing: burn_mapped::Existing::Replace,
         },
     )
     .unwrap();
@@ -505,6 +506,7 @@ fn a_gguf_with_no_picked_matrix_stays_float() {
             dtype: DType::F32,
             q8: Some(rule),
             progress: None,
+            existing: burn_mapped::Existing::Replace,
         },
     )
     .unwrap();
@@ -539,6 +541,7 @@ fn rejects_a_gguf_rename_onto_a_scale_name() {
             dtype: DType::F32,
             q8: Some(&only_w),
             progress: None,
+            existing: burn_mapped::Existing::Replace,
         },
     )
     .unwrap_err();

@@ -117,6 +117,7 @@ fn convert_q8_then_inspect_reports_each_error_and_the_worst_and_mean() {
         out: out.clone(),
         dtype: Some(StoreDType::Q8),
         quiet: true,
+        force: false,
     })
     .unwrap();
 
@@ -188,6 +189,7 @@ fn a_float_store_reports_no_quantization() {
         out: out.clone(),
         dtype: None,
         quiet: true,
+        force: false,
     })
     .unwrap();
     let report = inspect::report(&out).unwrap();

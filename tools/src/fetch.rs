@@ -514,7 +514,9 @@ fn check_hash(artifact: &SplitArtifact, path: &Path, digest: &[u8]) -> Result<()
 }
 
 fn hash_file(path: &Path) -> Result<[u8; 32], FetchError> {
-    let mut file = File::open(path).map_err(io_err("cannot open", path))?;
+    let mut file =
+        burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Follow)
+            .map_err(io_err("cannot open", path))?;
     let mut hasher = Sha256::new();
     io::copy(&mut file, &mut hasher).map_err(io_err("cannot read", path))?;
     Ok(hasher.finalize().into())
@@ -546,7 +548,14 @@ fn marker_contents(artifact: &SplitArtifact, meta: &fs::Metadata) -> String {
 }
 
 fn read_marker(path: &Path) -> Option<String> {
-    fs::read_to_string(marker_path(path)).ok()
+    // A marker is one short line; anything else is not a marker.
+    let bytes = burn_mapped::untrusted::read_regular(
+        &marker_path(path),
+        burn_mapped::untrusted::Links::Refuse,
+        4096,
+    )
+    .ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// Writes the marker for the file as it is now. Losing the marker only costs a

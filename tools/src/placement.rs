@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use burn_mapped::untrusted::{Links, read_regular};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -136,7 +137,7 @@ pub fn store_fingerprint(files: &[PathBuf]) -> Result<String, ProbeError> {
         .first()
         .and_then(|f| f.parent())
         .map(|dir| dir.join(burn_mapped::MANIFEST_FILE))
-        .and_then(|path| std::fs::read(path).ok());
+        .and_then(|path| read_regular(&path, Links::Refuse, burn_mapped::MAX_MANIFEST_BYTES).ok());
     for path in &sorted {
         let meta = std::fs::metadata(path).map_err(|source| ProbeError::Open {
             path: (*path).clone(),
@@ -200,6 +201,8 @@ struct CacheEntry {
 }
 
 const CACHE_FORMAT: &str = "burn-mapped-probe";
+/// Largest cache entry read (an entry is a few KiB of JSON).
+const MAX_ENTRY_BYTES: u64 = 1 << 20;
 const CACHE_VERSION: u32 = 1;
 
 /// Probes cached on disk, one JSON file per [`ProbeKey`], valid for `max_age`.
@@ -272,7 +275,7 @@ impl ProbeCache {
     /// An entry file that exists but cannot be read.
     pub fn get(&self, key: &ProbeKey, now: SystemTime) -> Result<Lookup, CacheError> {
         let path = self.path_for(key);
-        let text = match std::fs::read(&path) {
+        let text = match read_regular(&path, Links::Refuse, MAX_ENTRY_BYTES) {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Lookup::Miss),
             Err(source) => return Err(CacheError::Read { path, source }),
@@ -438,13 +441,39 @@ pub fn decide(
         DeviceArg::Cpu => ProbeKey::cpu(&files, &options.cpu)?,
         other => crate::probe::burn_device::probe_key(other, &files)?,
     };
+    // A cache that cannot be read or written, or holds an entry the rule refuses, costs a
+    // fresh probe and a warning, never the run.
+    let mut warnings = Vec::new();
     let lookup = match (&options.cache, options.refresh) {
-        (Some(cache), false) => cache.get(&key, now)?,
+        (Some(cache), false) => cache.get(&key, now).unwrap_or_else(|e| {
+            let reason = format!(
+                "{e}: {}",
+                std::error::Error::source(&e).map_or_else(String::new, ToString::to_string)
+            );
+            warnings.push(format!("{reason}; probing again"));
+            Lookup::Invalid {
+                path: cache.path_for(&key),
+                reason,
+            }
+        }),
         (Some(_), true) => Lookup::Invalid {
             path: PathBuf::new(),
             reason: "refresh requested".to_owned(),
         },
         (None, _) => Lookup::Miss,
+    };
+    let lookup = match lookup {
+        Lookup::Hit { report, path, .. }
+            if select(&report.select_input(), options.theta).is_err() =>
+        {
+            let reason = format!(
+                "cached probe {} is damaged (the rule refuses its rates)",
+                path.display()
+            );
+            warnings.push(format!("{reason}; probing again"));
+            Lookup::Invalid { path, reason }
+        }
+        other => other,
     };
     let (report, origin) = match lookup {
         Lookup::Hit { report, age, path } => (
@@ -477,7 +506,13 @@ pub fn decide(
             };
             let seconds = start.elapsed().as_secs_f64();
             let cached_at = match &options.cache {
-                Some(cache) => Some(cache.put(&key, &report, now)?),
+                Some(cache) => match cache.put(&key, &report, now) {
+                    Ok(path) => Some(path),
+                    Err(e) => {
+                        warnings.push(format!("{e}; the probe is not cached"));
+                        None
+                    }
+                },
                 None => None,
             };
             (
@@ -491,11 +526,14 @@ pub fn decide(
         }
     };
     let verdict = select(&report.select_input(), options.theta)?;
-    let warning = matches!(verdict.basis, crate::select::Basis::StorageBound).then(|| {
-        "the mapping does not stay in the page cache: every placement reads at storage speed; \
-         mapping anyway"
-            .to_owned()
-    });
+    if matches!(verdict.basis, crate::select::Basis::StorageBound) {
+        warnings.push(
+            "the mapping does not stay in the page cache: every placement reads at storage \
+             speed; mapping anyway"
+                .to_owned(),
+        );
+    }
+    let warning = (!warnings.is_empty()).then(|| warnings.join("; "));
     Ok(Decision {
         placement: placement_for(verdict.chosen),
         verdict,

@@ -12,7 +12,9 @@ use burn_mapped::gguf::{
     GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
 };
 use burn_mapped::q8::is_projection_weight;
-use burn_mapped::{MANIFEST_FILE, MappedStore, Placement, Stager, StoreError, is_flex};
+use burn_mapped::{
+    Existing, MANIFEST_FILE, MappedStore, OpenOptions, Placement, Stager, StoreError, is_flex,
+};
 
 use burn_mapped_models::qwen2::{
     ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_manifest, hf_name,
@@ -184,7 +186,8 @@ pub fn resolve<'a>(
         .unwrap_or_else(|| "model".into());
     let store = cache.join("stores").join(format!("{stem}-{}", dtype.tag()));
     if !store.join(MANIFEST_FILE).is_file() {
-        convert(&gguf, &store, dtype, progress)?;
+        // The cache's own store: replacing a damaged or older one is its job.
+        convert(&gguf, &store, dtype, Existing::Replace, progress)?;
     }
     Ok(ModelPaths { store, gguf })
 }
@@ -196,6 +199,7 @@ pub fn convert<'a>(
     gguf: &Path,
     store: &Path,
     dtype: impl Into<StoreDType>,
+    existing: Existing,
     progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<burn_mapped::Manifest, QwenError> {
     let dtype = dtype.into();
@@ -217,6 +221,7 @@ pub fn convert<'a>(
             dtype: dtype.float(),
             q8: (dtype == StoreDType::Q8).then_some(q8_rule),
             progress,
+            existing,
         },
     )?)
 }
@@ -259,10 +264,11 @@ pub struct LoadedQwen {
 }
 
 /// Opens the store and loads the model with every weight adopted (no copy on Flex); each
-/// projection is float or q8 as the store holds it.
+/// projection is float or q8 as the store holds it. `strict` forces strict mode; without it
+/// the mode is `BURN_MAPPED_STRICT`'s.
 pub fn load(paths: &ModelPaths, device: &Device, strict: bool) -> Result<LoadedQwen, QwenError> {
     let start = Instant::now();
-    let mut store = MappedStore::options().strict(strict).open(&paths.store)?;
+    let mut store = open_options(strict).open(&paths.store)?;
     let config = config_from_store(&store)?;
     let mut model = config.try_init_for_store(device, store.manifest())?;
     model.load_from(&mut store)?;
@@ -322,10 +328,20 @@ pub enum PlacementUnsupported {
 pub fn load_placed(
     paths: &ModelPaths,
     device: &Device,
-    strict: bool,
+    options: OpenOptions,
     placement: Placement,
 ) -> Result<PlacedQwen, LoadPlacedError> {
-    load_placed_with(&paths.store, device, strict, placement, config_from_store)
+    load_placed_with(&paths.store, device, options, placement, config_from_store)
+}
+
+/// Store options with strict mode forced on by `strict`, else as `BURN_MAPPED_STRICT` says.
+pub fn open_options(strict: bool) -> OpenOptions {
+    let options = MappedStore::options();
+    if strict {
+        options.strict(true)
+    } else {
+        options
+    }
 }
 
 /// [`load_placed`] for any store directory, with the configuration from `config` (for stores
@@ -336,7 +352,7 @@ pub fn load_placed(
 pub fn load_placed_with(
     store_dir: &Path,
     device: &Device,
-    strict: bool,
+    options: OpenOptions,
     placement: Placement,
     config: impl FnOnce(&MappedStore) -> Result<Qwen2Config, QwenError>,
 ) -> Result<PlacedQwen, LoadPlacedError> {
@@ -351,7 +367,6 @@ pub fn load_placed_with(
         _ => {}
     }
     let start = Instant::now();
-    let options = MappedStore::options().strict(strict);
     // Off Flex, `from_data` uploads straight from the mapping: that is the resident copy.
     let store_placement = if flex { placement } else { Placement::Map };
     let mut store = options.placement(store_placement).open(store_dir)?;
@@ -365,7 +380,7 @@ pub fn load_placed_with(
     if placement == Placement::Resident {
         // The weights are owned copies now; reopening maps the files without touching a page,
         // so the copy's source pages leave this process's resident set.
-        store = options.open(store_dir)?;
+        store = options.verify(false).open(store_dir)?;
     }
     Ok(PlacedQwen {
         loaded: LoadedQwen {

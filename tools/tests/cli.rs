@@ -62,6 +62,7 @@ fn convert_args(input: &Path, out: &Path, dtype: Option<CastTo>) -> ConvertArgs 
         out: out.to_path_buf(),
         dtype: dtype.map(Into::into),
         quiet: true,
+        force: false,
     }
 }
 

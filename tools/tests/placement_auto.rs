@@ -219,3 +219,100 @@ fn placement_names_round_trip() {
     );
     assert!("streaming".parse::<Placement>().is_err());
 }
+
+/// An entry that parses but that the rule refuses (every rate zero) costs a fresh probe and a
+/// warning, not every later run.
+#[test]
+fn a_damaged_entry_that_parses_means_probe_again_and_warn() {
+    let tmp = scratch();
+    let store = tmp.path().join("store");
+    write(&store, "a.tensor", 1 << 20, 1);
+    let opts = options(&tmp.path().join("probes"), Duration::from_secs(3600));
+    let first = decide(&store, DeviceArg::Cpu, &opts, at(0)).unwrap();
+    let ProbeOrigin::Fresh {
+        cached_at: Some(path),
+        ..
+    } = &first.origin
+    else {
+        panic!(
+            "first decision was not probed and cached: {:?}",
+            first.origin
+        );
+    };
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut entry: serde_json::Value = serde_json::from_str(&text).unwrap();
+    zero_rates(&mut entry);
+    std::fs::write(path, serde_json::to_vec(&entry).unwrap()).unwrap();
+    let second = decide(&store, DeviceArg::Cpu, &opts, at(1)).unwrap();
+    assert!(
+        matches!(second.origin, ProbeOrigin::Fresh { .. }),
+        "{:?}",
+        second.origin
+    );
+    assert!(
+        second
+            .warning
+            .as_deref()
+            .is_some_and(|w| w.contains("damaged")),
+        "{:?}",
+        second.warning
+    );
+}
+
+fn zero_rates(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                if key == "gbps" {
+                    *v = serde_json::json!(0.0);
+                } else {
+                    zero_rates(v);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(zero_rates),
+        _ => {}
+    }
+}
+
+/// A cache directory that cannot be created costs the cache, not the decision.
+#[test]
+fn an_unwritable_cache_means_probe_without_caching_and_warn() {
+    let tmp = scratch();
+    let store = tmp.path().join("store");
+    write(&store, "a.tensor", 1 << 20, 2);
+    // A file where the cache directory should be: nothing can be created under it.
+    let blocker = write(tmp.path(), "not-a-dir", 1, 0);
+    let opts = options(&blocker.join("probes"), Duration::from_secs(3600));
+    let decision = decide(&store, DeviceArg::Cpu, &opts, at(0)).unwrap();
+    assert!(
+        matches!(
+            decision.origin,
+            ProbeOrigin::Fresh {
+                cached_at: None,
+                ..
+            }
+        ),
+        "{:?}",
+        decision.origin
+    );
+    assert!(decision.warning.is_some());
+}
+
+#[test]
+fn pass_counts_past_the_limit_are_a_typed_error_not_a_panic() {
+    let tmp = scratch();
+    let file = write(tmp.path(), "a.tensor", 1 << 16, 3);
+    for (warmup, passes) in [(1, usize::MAX), (usize::MAX, 1), (0, 1), (1, 0)] {
+        let config = CpuProbeConfig {
+            warmup_passes: warmup,
+            passes,
+            ..small_config()
+        };
+        let err = probe_cpu(std::slice::from_ref(&file), &config).unwrap_err();
+        assert!(
+            matches!(err, burn_mapped_tools::probe::ProbeError::Config { .. }),
+            "{err}"
+        );
+    }
+}

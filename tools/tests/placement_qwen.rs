@@ -68,9 +68,13 @@ fn store(variant: &str, tmp: &Path) -> PathBuf {
 
 fn load(variant: &str, dir: &Path, placement: Placement) -> PlacedQwen {
     let config_path = fixture(variant).join("config.json");
-    load_placed_with(dir, &Device::flex(), false, placement, |_| {
-        Ok(Qwen2Config::from_hf_json(&config_path)?)
-    })
+    load_placed_with(
+        dir,
+        &Device::flex(),
+        burn_mapped::MappedStore::options(),
+        placement,
+        |_| Ok(Qwen2Config::from_hf_json(&config_path)?),
+    )
     .unwrap()
 }
 

@@ -50,7 +50,7 @@ use crate::dtype::dtype_name;
 use crate::error::StoreError;
 use crate::manifest::Manifest;
 use crate::q8::{Q8Builder, Q8Error, scale_name};
-use crate::writer::{StoreWriter, TensorSpec};
+use crate::writer::{Existing, StoreWriter, TensorSpec};
 
 pub use burnpack::{BurnpackInput, from_burnpack};
 pub use cast::{CastTo, ParseCastError};
@@ -92,6 +92,7 @@ pub struct ConvertOptions {
     cast: Option<CastTo>,
     q8: Option<Box<Q8SelectFn>>,
     progress: Option<Box<ProgressFn>>,
+    existing: Existing,
 }
 
 impl std::fmt::Debug for ConvertOptions {
@@ -101,6 +102,7 @@ impl std::fmt::Debug for ConvertOptions {
             .field("cast", &self.cast)
             .field("q8", &self.q8.is_some())
             .field("progress", &self.progress.is_some())
+            .field("existing", &self.existing)
             .finish()
     }
 }
@@ -110,6 +112,13 @@ impl ConvertOptions {
     /// unsupported dtype is not an error for a dropped tensor).
     pub fn rename(mut self, rename: impl Fn(&str) -> Option<String> + 'static) -> Self {
         self.rename = Some(Box::new(rename));
+        self
+    }
+
+    /// What to do about an existing store at the output (default: replace it atomically).
+    /// Anything there that is not a store is always refused.
+    pub fn existing(mut self, existing: Existing) -> Self {
+        self.existing = existing;
         self
     }
 
@@ -638,7 +647,7 @@ fn convert_into<'a>(
     metadata: impl IntoIterator<Item = (String, String)>,
     options: &mut ConvertOptions,
 ) -> Result<(Manifest, ConvertSummary), ConvertError> {
-    let mut writer = StoreWriter::create(out)?;
+    let mut writer = StoreWriter::create_with(out, options.existing)?;
     for (key, value) in metadata {
         writer.metadata(key, value);
     }

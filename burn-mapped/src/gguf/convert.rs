@@ -13,7 +13,7 @@ use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
 use crate::manifest::{Manifest, Q8_ROW_F16};
 use crate::q8::{Q8Builder, Q8Error, add_q8, scale_name};
-use crate::writer::{StoreWriter, TensorSpec};
+use crate::writer::{Existing, StoreWriter, TensorSpec};
 
 /// Errors converting a GGUF file into a store.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +88,8 @@ pub struct GgufConvert<'r, 'p> {
     pub q8: Option<&'r Q8SelectFn>,
     /// Called after each tensor with (bytes written so far, total bytes, tensor name).
     pub progress: Option<&'p mut Progress<'p>>,
+    /// What to do about an existing store at the target (anything else there is refused).
+    pub existing: Existing,
 }
 
 /// Metadata key holding the source file's path.
@@ -148,7 +150,7 @@ pub fn gguf_to_store(
     };
     let total: u64 = plan.iter().map(|(info, _, q8)| stored(info, *q8)).sum();
 
-    let mut writer = StoreWriter::create(dir)?;
+    let mut writer = StoreWriter::create_with(dir, options.existing)?;
     writer.metadata(SOURCE_KEY, gguf.path().display().to_string());
     if options.q8.is_some() {
         writer.metadata("convert.q8", Q8_ROW_F16);

@@ -1,13 +1,11 @@
 //! A GGUF file mapped read-only into memory.
 
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use super::error::GgufError;
-use super::reader::{GgufFile, TensorInfo};
+use super::{GgufError, GgufFile, TensorInfo};
 
 /// A GGUF file mapped read-only, parsed and validated.
 ///
@@ -41,7 +39,8 @@ impl MappedGguf {
                 source,
             }
         };
-        let file = File::open(&path).map_err(io("open", &path))?;
+        let file = crate::untrusted::open_regular(&path, crate::untrusted::Links::Follow)
+            .map_err(io("open", &path))?;
         let len = file.metadata().map_err(io("stat", &path))?.len();
         let in_file = |source| GgufError::InFile {
             path: path.clone(),

@@ -4,9 +4,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
-use burn_mapped::Manifest;
 use burn_mapped::convert::{CastTo, ConvertOptions, ConvertSummary, Progress};
 use burn_mapped::q8::is_projection_weight;
+use burn_mapped::{Existing, Manifest};
 use indicatif::HumanBytes;
 
 use super::inspect::{quant_error_line, quant_error_summary};
@@ -19,9 +19,13 @@ pub struct ConvertArgs {
     /// A `.safetensors` file, a sharded checkpoint's `*.safetensors.index.json` or its
     /// directory, or a burnpack `.bpk` file.
     pub input: PathBuf,
-    /// Store directory to create (an existing store there is replaced atomically).
+    /// Store directory to create. Anything already there that is not a burn-mapped store is
+    /// refused; an existing store is replaced (atomically) only with `--force`.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace an existing store at `--out`.
+    #[arg(long)]
+    pub force: bool,
     /// Store every float tensor as this type (f32, f16, bf16; rounding to nearest even);
     /// integer and bool tensors are kept. `q8`: 2-D projection weights and the LM head
     /// become int8 with one f16 scale per row (GGUF is dequantized first), every other
@@ -58,7 +62,8 @@ pub fn detect(path: &Path) -> anyhow::Result<InputKind> {
     }
     let mut head = [0u8; 9];
     let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Follow)
+            .with_context(|| format!("opening {}", path.display()))?;
     let mut filled = 0;
     while filled < head.len() {
         let n = file
@@ -105,13 +110,22 @@ pub fn detect(path: &Path) -> anyhow::Result<InputKind> {
 /// Any conversion error (it names the input file and tensor).
 pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
     let kind = detect(&args.input)?;
+    check_out_apart(&args.input, &args.out)?;
+    let existing = if args.force {
+        Existing::Replace
+    } else {
+        Existing::Refuse
+    };
     let bar = bytes_bar(0, "converting", args.quiet);
     let progress_bar = bar.clone();
-    let mut options = ConvertOptions::default().progress(move |p: &Progress<'_>| {
-        progress_bar.set_length(p.total_bytes);
-        progress_bar.set_position(p.done_bytes);
-        progress_bar.set_message(p.tensor.to_string());
-    });
+    let mut options =
+        ConvertOptions::default()
+            .existing(existing)
+            .progress(move |p: &Progress<'_>| {
+                progress_bar.set_length(p.total_bytes);
+                progress_bar.set_position(p.done_bytes);
+                progress_bar.set_message(p.tensor.to_string());
+            });
     match args.dtype {
         Some(StoreDType::Q8) => {
             options = options.cast(CastTo::F32).q8(is_projection_weight);
@@ -141,10 +155,11 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
                 gguf_bar.set_position(done);
                 gguf_bar.set_message(tensor.to_string());
             };
-            let manifest = crate::qwen::convert(&args.input, &args.out, dtype, Some(&mut progress))
-                .with_context(|| format!("converting {}", args.input.display()))?;
+            let manifest =
+                crate::qwen::convert(&args.input, &args.out, dtype, existing, Some(&mut progress))
+                    .with_context(|| format!("converting {}", args.input.display()))?;
             bar.finish_and_clear();
-            let on_disk: u64 = manifest.tensors().iter().map(|t| t.padded_len()).sum();
+            let on_disk = manifest.padded_bytes();
             println!(
                 "wrote {} tensors to {}: {} logical, {} on disk (dequantized from GGUF)",
                 manifest.tensors().len(),
@@ -164,9 +179,48 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             args.out.display()
         )
     })?;
-    let on_disk: u64 = manifest.tensors().iter().map(|t| t.padded_len()).sum();
+    let on_disk = manifest.padded_bytes();
     println!("{}", summary_line(&summary, &args.out, on_disk));
     print_quant_errors(&manifest);
+    Ok(())
+}
+
+/// Refuses an output that is the input, lies inside it, or contains it: converting must never
+/// replace or write into what it reads.
+///
+/// # Errors
+/// When the two overlap, or the input cannot be resolved.
+pub fn check_out_apart(input: &Path, out: &Path) -> anyhow::Result<()> {
+    let input = input
+        .canonicalize()
+        .with_context(|| format!("resolving {}", input.display()))?;
+    // The output may not exist yet: resolve its nearest existing ancestor and re-attach the rest.
+    let mut existing = out.to_path_buf();
+    let mut rest = Vec::new();
+    let resolved = loop {
+        match existing.canonicalize() {
+            Ok(path) => break path,
+            Err(_) => match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name.to_os_string());
+                    existing = if parent.as_os_str().is_empty() {
+                        PathBuf::from(".")
+                    } else {
+                        parent.to_path_buf()
+                    };
+                }
+                _ => bail!("cannot resolve --out {}", out.display()),
+            },
+        }
+    };
+    let out_resolved = rest.iter().rev().fold(resolved, |p, n| p.join(n));
+    if out_resolved.starts_with(&input) || input.starts_with(&out_resolved) {
+        bail!(
+            "--out {} overlaps the input {}: choose a directory outside it",
+            out.display(),
+            input.display()
+        );
+    }
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn_mapped::memstat::rss_self;
-use burn_mapped_models::qwen2::{Sampler, Sampling};
+use burn_mapped_models::qwen2::{Sampler, Sampling, SamplingError};
 use burn_mapped_models::tokenizer::chat_prompt;
 use serde::Serialize;
 
@@ -33,10 +33,11 @@ pub struct GenerateArgs {
     /// System prompt for `--chat` (default: the template's own).
     #[arg(long)]
     pub system: Option<String>,
-    /// Most new tokens to generate.
-    #[arg(long, default_value_t = 64)]
+    /// Most new tokens to generate; generation stops earlier at the model's end-of-turn
+    /// token. The prompt plus this must fit the model's context length.
+    #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 means greedy.
+    /// Sampling temperature; 0 means greedy (negative or NaN is refused).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
     /// Nucleus sampling mass (with a temperature above 0).
@@ -52,6 +53,11 @@ pub struct GenerateArgs {
     /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
     #[arg(long)]
     pub strict: bool,
+    /// Check every tensor's checksum while loading (reads the whole store once); off by
+    /// default, when only names, sizes and file types are checked (`burn-mapped verify`
+    /// checks a store on its own).
+    #[arg(long)]
+    pub verify: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -69,6 +75,9 @@ struct Summary {
     store: String,
     placement: &'static str,
     device: &'static str,
+    /// Whether write access to the mapped weights is refused (`--strict` or
+    /// `BURN_MAPPED_STRICT`).
+    strict: bool,
     /// The auto placement's decision (probe, verdict, cache), when `--placement auto`.
     placement_decision: Option<Decision>,
     /// Bytes the per-use-copy placement copied during the run (0 for the other placements).
@@ -83,6 +92,58 @@ struct Summary {
     decode_tokens_per_s: f64,
     rss_anon_bytes: u64,
     rss_file_bytes: u64,
+}
+
+/// The prompt and the requested tokens do not fit the model's context.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the prompt ({prompt} tokens) plus --max-tokens {max_tokens} exceeds the model's context of \
+     {context} tokens"
+)]
+pub struct ContextExceeded {
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Requested new tokens.
+    pub max_tokens: usize,
+    /// The model's context length.
+    pub context: usize,
+}
+
+/// Checks that `prompt` tokens and `max_tokens` new ones fit a context of `context` tokens
+/// (the KV cache is allocated for their sum).
+///
+/// # Errors
+/// [`ContextExceeded`].
+pub fn check_context(
+    prompt: usize,
+    max_tokens: usize,
+    context: usize,
+) -> Result<(), ContextExceeded> {
+    if prompt.saturating_add(max_tokens) > context {
+        return Err(ContextExceeded {
+            prompt,
+            max_tokens,
+            context,
+        });
+    }
+    Ok(())
+}
+
+/// The sampler for `--temperature`: exactly 0 is greedy; anything else must be a finite
+/// positive temperature with a `top_p` in (0, 1].
+///
+/// # Errors
+/// The sampler's refusal of a NaN, infinite or negative temperature or a bad `top_p`.
+pub fn sampler_for(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, SamplingError> {
+    Sampler::new(if temperature == 0.0 {
+        Sampling::Greedy
+    } else {
+        Sampling::TopP {
+            temperature,
+            top_p,
+            seed,
+        }
+    })
 }
 
 /// Parses a store dtype name (f32, f16, bf16, q8).
@@ -110,7 +171,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         .resolve(&paths.store, args.json)
         .with_context(|| format!("choosing a placement for {}", paths.store.display()))?;
     let start = Instant::now();
-    let placed = qwen::load_placed(&paths, &device, args.strict, placement)
+    let options = qwen::open_options(args.strict).verify(args.verify);
+    let placed = qwen::load_placed(&paths, &device, options, placement)
         .with_context(|| format!("loading {} ({placement})", paths.store.display()))?;
     let loaded = &placed.loaded;
     let model_ready = start.elapsed();
@@ -121,16 +183,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         args.prompt.clone()
     };
     let prompt_ids = tokenizer.encode(&prompt)?;
-    let sampling = if args.temperature > 0.0 {
-        Sampling::TopP {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            seed: args.seed,
-        }
-    } else {
-        Sampling::Greedy
-    };
-    let mut sampler = Sampler::new(sampling)?;
+    let context = qwen::config_from_store(&loaded.store)?.max_position_embeddings;
+    check_context(prompt_ids.len(), args.max_tokens, context)?;
+    let mut sampler = sampler_for(args.temperature, args.top_p, args.seed)?;
     let mut stream = tokenizer.stream_decoder();
     let mut first_token = None;
     let mut stdout = std::io::stdout().lock();
@@ -169,6 +224,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         store: paths.store.display().to_string(),
         placement: placement.name(),
         device: args.place.device.name(),
+        strict: loaded.store.strict() == burn_mapped::StrictMode::Strict,
         placement_decision: decision,
         staged_bytes: placed.stager.as_ref().map_or(0, |s| s.staged_bytes()),
         text: tokenizer.decode(&generated)?,

@@ -173,7 +173,7 @@ pub fn report(dir: &Path) -> anyhow::Result<InspectReport> {
         alignment: ALIGNMENT,
         tensor_count: tensors.len(),
         total_bytes: manifest.total_bytes(),
-        on_disk_bytes: tensors.iter().map(|t| t.padded_bytes).sum(),
+        on_disk_bytes: manifest.padded_bytes(),
         metadata: manifest.metadata().clone(),
         quant_error: quant_error_summary(&manifest),
         tensors,
@@ -263,10 +263,28 @@ pub fn render_table(report: &InspectReport) -> String {
     if !report.metadata.is_empty() {
         out.push_str("metadata:\n");
         for (k, v) in &report.metadata {
-            let _ = writeln!(out, "  {k} = {v}");
+            let _ = writeln!(out, "  {} = {}", printable(k), printable(v));
         }
     }
     out
+}
+
+/// `text` with control characters (terminal escapes among them) written as escapes, so a
+/// store's metadata cannot drive the terminal it is shown on.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// Runs `inspect`: prints the table, or the report as JSON with `--json`.

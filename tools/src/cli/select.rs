@@ -104,8 +104,11 @@ impl SelectArgs {
 /// # Errors
 /// Unreadable file, or JSON that is neither shape.
 pub fn read_probe_report(path: &Path) -> anyhow::Result<ProbeReport> {
+    let bytes =
+        burn_mapped::untrusted::read_regular(path, burn_mapped::untrusted::Links::Follow, 64 << 20)
+            .with_context(|| format!("reading {}", path.display()))?;
     let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
     parse_probe_report(&text).with_context(|| format!("{} is not a probe report", path.display()))
 }
 

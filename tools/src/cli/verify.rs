@@ -33,7 +33,7 @@ pub struct Outcome {
 /// When the manifest itself cannot be read or is invalid.
 pub fn check(dir: &Path, quiet: bool) -> anyhow::Result<Outcome> {
     let manifest = Manifest::read(dir).with_context(|| format!("verifying {}", dir.display()))?;
-    let total = manifest.tensors().iter().map(|t| t.padded_len()).sum();
+    let total = manifest.padded_bytes();
     let bar = bytes_bar(total, "verifying", quiet);
     let problems = burn_mapped::verify_dir(dir, |entry, _| {
         bar.inc(entry.padded_len());

@@ -94,12 +94,7 @@ pub fn probe_on(
     files: &[PathBuf],
     config: &BurnProbeConfig,
 ) -> Result<ProbeReport, ProbeError> {
-    if config.warmup_passes == 0 || config.passes == 0 {
-        return Err(ProbeError::Config {
-            field: "passes",
-            problem: "warm-up and measured passes must both be at least 1".to_owned(),
-        });
-    }
+    super::check_passes(config.warmup_passes, config.passes)?;
     let sources = adopt(files)?;
     let w: u64 = sources
         .iter()
@@ -196,10 +191,12 @@ fn adopt(files: &[PathBuf]) -> Result<Vec<Tensor<1, Int>>, ProbeError> {
     let flex = Device::flex();
     let mut tensors = Vec::with_capacity(files.len());
     for path in files {
-        let file = std::fs::File::open(path).map_err(|source| ProbeError::Open {
-            path: path.clone(),
-            source,
-        })?;
+        let file =
+            burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Refuse)
+                .map_err(|source| ProbeError::Open {
+                    path: path.clone(),
+                    source,
+                })?;
         // SAFETY: a read-only shared mapping this process never writes; another process
         // truncating the file is the hazard documented on `probe_cpu`, and rewriting it shows up
         // as a checksum mismatch.

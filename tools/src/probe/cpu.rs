@@ -60,15 +60,7 @@ impl CpuProbeConfig {
                 problem: problem.to_owned(),
             })
         };
-        if self.warmup_passes == 0 {
-            return bad(
-                "warmup_passes",
-                "must be at least 1 (the first warm-up pass is the coexistence pass)",
-            );
-        }
-        if self.passes == 0 {
-            return bad("passes", "must be at least 1");
-        }
+        super::check_passes(self.warmup_passes, self.passes)?;
         if self.chunk_bytes == 0 || !self.chunk_bytes.is_multiple_of(8) {
             return bad("chunk_bytes", "must be a positive multiple of 8");
         }

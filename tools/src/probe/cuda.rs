@@ -113,12 +113,7 @@ pub struct CudaProbe {
 /// Invalid configuration, files that cannot be opened or mapped, and a checksum that disagrees
 /// with the host's own sum (wrong kernel or files changed).
 pub fn probe_cuda(paths: &[PathBuf], config: &CudaProbeConfig) -> Result<CudaProbe, ProbeError> {
-    if config.warmup_passes == 0 || config.passes == 0 {
-        return Err(ProbeError::Config {
-            field: "passes",
-            problem: "warm-up and measured passes must both be at least 1".to_owned(),
-        });
-    }
+    super::check_passes(config.warmup_passes, config.passes)?;
     if config.chunk_bytes == 0 || !config.chunk_bytes.is_multiple_of(16) {
         return Err(ProbeError::Config {
             field: "chunk_bytes",

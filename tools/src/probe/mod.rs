@@ -113,6 +113,27 @@ impl ProbeReport {
     }
 }
 
+/// Most warm-up or measured passes per arm a probe takes: far past any useful median, and small
+/// enough that pass counts and per-pass arrays can never overflow.
+pub const MAX_PASSES: usize = 1000;
+
+/// Checks a probe's pass counts: each between 1 and [`MAX_PASSES`] (the first warm-up pass is
+/// also the coexistence pass).
+///
+/// # Errors
+/// [`ProbeError::Config`] naming the count.
+pub fn check_passes(warmup_passes: usize, passes: usize) -> Result<(), ProbeError> {
+    for (field, n) in [("warmup_passes", warmup_passes), ("passes", passes)] {
+        if !(1..=MAX_PASSES).contains(&n) {
+            return Err(ProbeError::Config {
+                field,
+                problem: format!("is {n}, must be between 1 and {MAX_PASSES}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Probe failures that stop a whole run (an arm that merely cannot run is reported as unavailable).
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
@@ -159,10 +180,12 @@ pub(crate) fn map_files(paths: &[PathBuf]) -> Result<Vec<MappedFile>, ProbeError
     }
     let mut files = Vec::with_capacity(paths.len());
     for path in paths {
-        let file = std::fs::File::open(path).map_err(|source| ProbeError::Open {
-            path: path.clone(),
-            source,
-        })?;
+        let file =
+            burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Refuse)
+                .map_err(|source| ProbeError::Open {
+                    path: path.clone(),
+                    source,
+                })?;
         let len = file
             .metadata()
             .map_err(|source| ProbeError::Open {
