@@ -142,7 +142,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *
     // disposition is restored (sigaction is async-signal-safe) and the faulting access, which
     // repeats on return, meets it.
     unsafe {
-        let previous = (*(&raw const PREVIOUS)).assume_init_ref();
+        let previous = &*(&raw const PREVIOUS).cast::<libc::sigaction>();
         let handler = previous.sa_sigaction;
         if previous.sa_flags & libc::SA_SIGINFO != 0
             && handler != libc::SIG_DFL
