@@ -4,15 +4,15 @@
 mod common;
 mod q8_common;
 
-use burn::backend::{Dispatch, Flex};
+use burn::backend::Flex;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
 use burn_mapped::q8::{
-    Q8Backend, Q8Error, Q8Input, Q8Rows, Q8Weight, READ_PARTIALS, SPLIT_BLOCK, SPLIT_Q_MAX,
-    SPLIT_WORDS, dequantize_rows, q8_linear, q8_linear_input, quantize_rows, read_weight,
-    relative_error, scale_name, write_q8,
+    CubeLaunch, DotTuning, Q8Error, Q8Input, Q8Rows, Q8Weight, SPLIT_Q_MAX, Tuning,
+    dequantize_rows, q8_linear, q8_linear_input, quantize_rows, relative_error, scale_name,
+    write_q8,
 };
 use burn_mapped::{MappedStore, Q8_ROW_F16, StoreWriter};
-use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight, xor_words};
+use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight};
 
 /// Flex explicitly: with the `wgpu` feature on, Burn's default device is the GPU.
 fn device() -> Device {
@@ -167,7 +167,11 @@ fn q8_linear_uses_every_configured_thread_count() {
     let x = rng.vec_nonzero(3 * inp);
     let want = reference(&x, &q, &s, None, 3, out, inp);
     for threads in [1, 2, 5] {
-        burn_mapped::q8::set_cpu_threads(threads);
+        let tuning = Tuning {
+            host_threads: threads,
+            ..Tuning::default()
+        };
+        let w = w.clone().with_tuning(tuning).unwrap();
         assert_close(
             &run(&x, &w, None, 3),
             &want,
@@ -175,7 +179,6 @@ fn q8_linear_uses_every_configured_thread_count() {
             &format!("threads={threads}"),
         );
     }
-    burn_mapped::q8::set_cpu_threads(0);
 }
 
 #[test]
@@ -371,21 +374,17 @@ fn a_store_written_by_write_q8_links_the_scales_and_runs_in_place() {
     ));
 }
 
-#[test]
-fn read_weight_reads_every_byte() {
-    let mut rng = Rng::fresh();
-    for &(out, inp) in &[(37, 53), (700, 1001), (1, 3)] {
-        let q = rng.q8_values(out * inp);
-        let rows = Q8Rows {
-            values: q.clone(),
-            scales: vec![f16::ONE; out],
-        };
-        let w = Q8Weight::from_rows(&rows, out, inp, &device()).unwrap();
-        let partials: Vec<u32> = read_weight(&w).into_data().try_to_vec().unwrap();
-        assert_eq!(partials.len(), READ_PARTIALS);
-        let x = partials.iter().fold(0, |x, p| x ^ p);
-        assert_eq!(x, xor_words(&q), "[{out}, {inp}]");
-    }
+/// An input split for the dp4a kernel on the host: what Flex runs when a dp4a launch is asked
+/// for explicitly.
+fn host_split(x: &[f32], t: usize, inp: usize) -> Q8Input {
+    let tuning = Tuning {
+        cube: Some(CubeLaunch::Dot(DotTuning::ONE)),
+        ..Tuning::default()
+    };
+    let x = Tensor::<2>::from_data(TensorData::new(x.to_vec(), [t, inp]), &device());
+    let input = Q8Input::with_tuning(x, tuning).unwrap();
+    assert!(input.is_split(), "[{t}, {inp}]");
+    input
 }
 
 /// The dp4a kernel's split format, as Flex computes it (the host definition of what the GPU
@@ -405,26 +404,15 @@ fn products_over_one_host_split_match_the_f64_reference_of_its_rounding() {
         if t > 3 {
             x[3 * inp + 41] *= 1000.0;
         }
-        let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [t, inp]), &device());
-        let split = Tensor::<2, Int>::from_dispatch(Dispatch::q8_split(xt.into_dispatch()));
-        assert_eq!(split.dims(), [t, SPLIT_WORDS * inp / SPLIT_BLOCK]);
-        assert_eq!(split.dtype(), DType::U32);
+        let input = host_split(&x, t, inp);
         for (q, s, w) in &weights {
             let out = w.out_features();
             let b = rng.vec_nonzero(out);
             for bias in [None, Some(b.as_slice())] {
-                let values = w.values().clone().into_dispatch();
-                let scales = w.scales().clone().into_dispatch();
-                let split = split.clone().into_dispatch();
-                let y = match bias {
-                    None => Dispatch::q8_matmul_split(split, values, &scales),
-                    Some(b) => {
-                        let b =
-                            Tensor::<1>::from_data(TensorData::new(b.to_vec(), [out]), &device());
-                        Dispatch::q8_matmul_split_bias(split, values, &scales, &b.into_dispatch())
-                    }
-                };
-                let got = Tensor::<2>::from_dispatch(y)
+                let bt = bias
+                    .map(|b| Tensor::<1>::from_data(TensorData::new(b.to_vec(), [out]), &device()));
+                let got = q8_linear_input(&input, w, bt)
+                    .unwrap()
                     .into_data()
                     .try_to_vec::<f32>()
                     .unwrap();
@@ -445,14 +433,8 @@ fn a_non_finite_activation_in_a_host_split_yields_nan_in_its_row_only() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut x = rng.vec_nonzero(t * inp);
         x[inp + 5] = bad;
-        let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [t, inp]), &device());
-        let split = Dispatch::q8_split(xt.into_dispatch());
-        let y = Dispatch::q8_matmul_split(
-            split,
-            w.values().clone().into_dispatch(),
-            &w.scales().clone().into_dispatch(),
-        );
-        let got = Tensor::<2>::from_dispatch(y)
+        let got = q8_linear_input(&host_split(&x, t, inp), &w, None)
+            .unwrap()
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();
@@ -466,6 +448,35 @@ fn a_non_finite_activation_in_a_host_split_yields_nan_in_its_row_only() {
             assert_close(&got[r.clone()], &want[r], out, &format!("{bad}: row {row}"));
         }
     }
+}
+
+/// A host split needs whole blocks of 16: a width without them keeps `x` unsplit; a launch
+/// shape no kernel runs is refused with its typed error, by an input and by a weight.
+#[test]
+fn a_host_split_needs_whole_blocks_and_a_runnable_shape() {
+    let x = Tensor::<2>::from_data(TensorData::new(vec![1.0f32; 2 * 40], [2, 40]), &device());
+    let dot = |shape| Tuning {
+        cube: Some(CubeLaunch::Dot(shape)),
+        ..Tuning::default()
+    };
+    assert!(
+        !Q8Input::with_tuning(x.clone(), dot(DotTuning::ONE))
+            .unwrap()
+            .is_split()
+    );
+    let bad = DotTuning {
+        lanes: 4,
+        ..DotTuning::ONE
+    };
+    assert!(matches!(
+        Q8Input::with_tuning(x, dot(bad)),
+        Err(Q8Error::Tuning { .. })
+    ));
+    let (_, _, w) = weight(&mut Rng::fresh(), 3, 40, &device());
+    assert!(matches!(
+        w.with_tuning(dot(bad)),
+        Err(Q8Error::Tuning { .. })
+    ));
 }
 
 /// On Flex a prepared input carries no split (the host kernel reads f32 activations): its

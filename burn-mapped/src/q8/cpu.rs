@@ -13,30 +13,20 @@
 //! Elsewhere a portable loop over `[f32; 8]` lane arrays lets LLVM vectorize for the target
 //! baseline. Both accumulate in f32 in 8 lanes and add the lanes at the end of a row.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use burn::tensor::f16;
 
 /// Most activation columns one tile holds; larger `T` is split into tiles of this size.
-pub const TILE_T: usize = 4;
+const TILE_T: usize = 4;
 /// Vector width, in f32 lanes, of the accumulators.
 const LANES: usize = 8;
 /// Smallest slab of weight bytes worth a task of its own: below this, handing work to another
 /// worker costs more than it saves.
 const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
 
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-
-/// Sets how many slabs the host kernel splits a large matrix into; 0 (the default) means one
-/// per worker of rayon's global pool. The slabs run on that pool, so more slabs than workers
-/// queue rather than oversubscribe the cores.
-pub fn set_cpu_threads(threads: usize) {
-    THREADS.store(threads, Ordering::Relaxed);
-}
-
-/// How many slabs the host kernel splits a large matrix into.
-pub fn cpu_threads() -> usize {
-    match THREADS.load(Ordering::Relaxed) {
+/// How many slabs a large matrix is split into for `requested` (0: one per worker of rayon's
+/// global pool; see [`Tuning::host_threads`](super::Tuning::host_threads)).
+pub(super) fn threads(requested: usize) -> usize {
+    match requested {
         0 => rayon::current_num_threads(),
         n => n,
     }
@@ -44,7 +34,7 @@ pub fn cpu_threads() -> usize {
 
 /// Which inner loop runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
+pub(super) enum Isa {
     /// Plain Rust over lane arrays.
     Portable,
     /// x86_64 AVX2 + FMA intrinsics.
@@ -53,7 +43,7 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    pub(crate) fn detect() -> Self {
+    pub(super) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -74,7 +64,7 @@ pub fn cpu_kernel_name() -> &'static str {
 
 /// Operands of one product `y[t, o] = scale[o] * sum_i x[t, i] * w[o, i] + bias[o]`.
 #[derive(Clone, Copy)]
-pub(crate) struct Gemm<'a> {
+pub(super) struct Gemm<'a> {
     /// `[t, inp]` row-major.
     pub x: &'a [f32],
     /// `[out, inp]` row-major.
@@ -90,7 +80,7 @@ pub(crate) struct Gemm<'a> {
 
 /// Computes the product into a new `[t, out]` buffer. The buffer starts as NaN, so an
 /// element the kernel failed to write shows up in any comparison.
-pub(crate) fn gemm(args: Gemm<'_>, isa: Isa, threads: usize) -> Vec<f32> {
+pub(super) fn gemm(args: Gemm<'_>, isa: Isa, threads: usize) -> Vec<f32> {
     gemm_split(args, isa, threads, MIN_BYTES_PER_THREAD)
 }
 
@@ -138,39 +128,6 @@ fn gemm_split(args: Gemm<'_>, isa: Isa, threads: usize, min_bytes: usize) -> Vec
         }
     }
     y
-}
-
-/// XOR of `bytes` as little-endian u32 words (the last one zero-padded), split over up to
-/// `threads` threads, one result each (at most [`READ_PARTIALS`](super::ops::READ_PARTIALS)):
-/// a read with no arithmetic worth the name, the ceiling the product is compared with.
-pub(crate) fn read_xor(bytes: &[u8], threads: usize) -> Vec<u32> {
-    let by_work = bytes.len().div_ceil(MIN_BYTES_PER_THREAD).max(1);
-    let threads = threads.clamp(1, by_work).min(super::ops::READ_PARTIALS);
-    let chunk = bytes.len().div_ceil(threads).next_multiple_of(64).max(64);
-    let fold = |part: &[u8]| -> u32 {
-        let mut acc = [0u64; 8];
-        let mut blocks = part.chunks_exact(64);
-        for block in &mut blocks {
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a ^= u64::from_le_bytes(block[8 * k..8 * k + 8].try_into().expect("8 bytes"));
-            }
-        }
-        let x = acc.iter().fold(0u64, |x, a| x ^ a);
-        let mut x = (x ^ (x >> 32)) as u32;
-        for word in blocks.remainder().chunks(4) {
-            let mut w = [0u8; 4];
-            w[..word.len()].copy_from_slice(word);
-            x ^= u32::from_le_bytes(w);
-        }
-        x
-    };
-    let mut out = vec![0u32; bytes.len().div_ceil(chunk)];
-    rayon::scope(|scope| {
-        for (part, slot) in bytes.chunks(chunk).zip(out.iter_mut()) {
-            scope.spawn(move |_| *slot = fold(part));
-        }
-    });
-    out
 }
 
 /// `(R, TT)`: rows per block and activation columns per tile, with `R * TT` accumulators.
@@ -346,8 +303,8 @@ mod avx2 {
 
     /// `R x TT` dot products with 256-bit FMA, prefetching `next` (the following block's
     /// rows) at the pace this block is read: short rows make `R` short streams that the
-    /// hardware prefetcher does not ramp up for (Qwen's 896-wide rows ran at ~40 % of the read
-    /// ceiling without this, 7168-wide ones at ~98 %).
+    /// hardware prefetcher does not ramp up for, so narrow matrices (Qwen2's 896-wide rows)
+    /// would otherwise read far below the memory's rate while wide ones do not.
     ///
     /// # Safety
     ///

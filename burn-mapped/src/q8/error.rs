@@ -79,6 +79,13 @@ pub enum Q8Error {
         /// The weight's device.
         expected: String,
     },
+    /// A [`Tuning`](super::Tuning) names a launch shape the kernels cannot run.
+    #[doc(hidden)]
+    #[error("q8 tuning {tuning}: not a launch shape the kernels run")]
+    Tuning {
+        /// The tuning, as `Debug` prints it.
+        tuning: String,
+    },
     /// A tensor named as a q8 weight has no q8 quantization link in the manifest.
     #[error("tensor `{tensor}` is not a q8 weight (no `q8-row-f16` quantization link)")]
     NotQuantized {

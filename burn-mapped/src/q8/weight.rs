@@ -1,8 +1,9 @@
 //! [`Q8Weight`]: the two tensors of a q8 matrix, checked once so the op can trust them.
 
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 
 use super::error::Q8Error;
+use super::tuning::{CubeLaunch, Tuning};
 
 /// A q8 matrix on a device: int8 values `[out, in]` (dtype I8) and one f16 scale per output
 /// row (`[out]`, dtype F16).
@@ -13,6 +14,7 @@ use super::error::Q8Error;
 pub struct Q8Weight {
     values: Tensor<2, Int>,
     scales: Tensor<1>,
+    tuning: Tuning,
 }
 
 impl Q8Weight {
@@ -54,10 +56,45 @@ impl Q8Weight {
                 expected: format!("{:?}", values.device()),
             });
         }
-        if super::on_cube(&values.device()) && !inp.is_multiple_of(4) {
+        if on_cube(&values.device()) && !inp.is_multiple_of(4) {
             return Err(Q8Error::GpuPacking { out, inp });
         }
-        Ok(Self { values, scales })
+        Ok(Self {
+            values,
+            scales,
+            tuning: Tuning::default(),
+        })
+    }
+
+    /// The same weight with products launched as `tuning` says instead of by the per-`T`
+    /// defaults (benchmarks and tests).
+    ///
+    /// # Errors
+    ///
+    /// [`Q8Error::Tuning`] for a launch shape the kernels cannot run.
+    #[doc(hidden)]
+    pub fn with_tuning(self, tuning: Tuning) -> Result<Self, Q8Error> {
+        tuning.check()?;
+        Ok(Self { tuning, ..self })
+    }
+
+    /// What its products launch with: [`Tuning::default`] unless
+    /// [`with_tuning`](Self::with_tuning) set one.
+    pub(crate) fn tuning(&self) -> Tuning {
+        self.tuning
+    }
+
+    /// The kernel and launch shape a product of `t` activation rows takes on this weight, every
+    /// condition applied (the tuning, the device's native dot product, the row width); `None`
+    /// off CubeCL devices. Benchmarks label their arms with it, tests pick the reference.
+    #[doc(hidden)]
+    pub fn planned_launch(&self, t: usize) -> Option<CubeLaunch> {
+        planned_launch(
+            &self.values.device(),
+            t,
+            self.in_features(),
+            self.tuning.cube,
+        )
     }
 
     /// The int8 values, `[out, in]`.
@@ -88,5 +125,38 @@ impl Q8Weight {
     /// Splits into the two tensors.
     pub fn into_parts(self) -> (Tensor<2, Int>, Tensor<1>) {
         (self.values, self.scales)
+    }
+}
+
+/// Whether `device` runs on the CubeCL backend (where the word-packing rule applies).
+fn on_cube(device: &Device) -> bool {
+    #[cfg(feature = "wgpu")]
+    {
+        matches!(device.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// What a product of `t` rows of `inp` values launches on `device` given the requested
+/// `cube` launch; `None` off CubeCL devices.
+pub(super) fn planned_launch(
+    device: &Device,
+    t: usize,
+    inp: usize,
+    cube: Option<CubeLaunch>,
+) -> Option<CubeLaunch> {
+    match device.as_dispatch() {
+        #[cfg(feature = "wgpu")]
+        burn::backend::DispatchDevice::Cube(d) => {
+            Some(super::cube::launch_on(&d.client(), t, inp, cube))
+        }
+        _ => {
+            let _ = (t, inp, cube);
+            None
+        }
     }
 }

@@ -147,17 +147,6 @@ pub fn assert_close(got: &[f32], want: &[(f64, f64)], out: usize, ctx: &str) {
     }
 }
 
-/// XOR of `bytes` as little-endian u32 words, the last one zero-padded.
-pub fn xor_words(bytes: &[i8]) -> u32 {
-    bytes.chunks(4).fold(0u32, |x, w| {
-        let mut b = [0u8; 4];
-        for (d, s) in b.iter_mut().zip(w) {
-            *d = *s as u8;
-        }
-        x ^ u32::from_le_bytes(b)
-    })
-}
-
 /// A fresh q8 weight `[out, inp]` on `device`, with the values and scales it holds.
 pub fn weight(
     rng: &mut Rng,

@@ -3,7 +3,7 @@
 //! shifts and multiplies elsewhere, WGSL included, so the kernel is correct everywhere and
 //! fast where the instruction is).
 //!
-//! Why: from a few activation rows on, the FMA kernel ([`super::cube`]) spends its time on
+//! Why: from a few activation rows on, the FMA kernel ([`super::fma`]) spends its time on
 //! arithmetic, one f32 FMA per weight and activation row plus the unpacking of each byte.
 //! Here one instruction multiplies four weights by four activation bytes and adds them, the
 //! weights need no unpacking, and the activations a lane reads shrink from 64 to 32 bytes
@@ -22,10 +22,10 @@
 //! Two launches per product, both on the activation tensor's client (ordered on Burn's
 //! stream, no host synchronization): the split (`T * in / 16` threads) and the product, laid
 //! out like the FMA kernel ([`DotTuning`]). Products over the same activations can share one
-//! split ([`Q8Input`](super::Q8Input)): one launch each instead of two. Needs `in % 16 == 0` (a block is one 16-byte
-//! load of weights); other widths take the FMA kernel. The default where `dp4a` is native
-//! (SPIR-V): on the H200 it beats the FMA kernel at every measured `T` and cuBLAS fp16 too
-//! (see the shapes' docs). Elsewhere opt-in ([`set_dot_tuning`](super::set_dot_tuning)).
+//! split ([`Q8Input`](crate::q8::Q8Input)): one launch each instead of two. Needs `in % 16 ==
+//! 0` (a block is one 16-byte load of weights); other widths take the FMA kernel. The default
+//! where `dp4a` is native (SPIR-V), where it outran the FMA kernel at every `T` measured
+//! (`docs/GPU.md`); elsewhere only through an explicit [`Tuning`](crate::q8::Tuning).
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl;
@@ -33,9 +33,10 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::cube::{TILE, clamped_bases, write_rows, zeros};
+use super::common::{clamped_bases, grid, scales_and_bias, write_rows, zeros};
 // A block is one scale and one 16-byte load of weights; the format is defined in `split`.
-use super::split::{SPLIT_BLOCK as BLOCK, SPLIT_Q_MAX as DOT_Q_MAX, SPLIT_WORDS};
+use crate::q8::split::{SPLIT_BLOCK as BLOCK, SPLIT_Q_MAX as DOT_Q_MAX, SPLIT_WORDS};
+use crate::q8::tuning::{DotTuning, MANY_FROM, TILE};
 
 /// Threads per cube of the split.
 const QUANT_THREADS: usize = 64;
@@ -43,94 +44,12 @@ const QUANT_THREADS: usize = 64;
 /// Four words: 16 int8 values.
 type Word4 = Vector<i32, Const<4>>;
 
-/// Launch shape of the dp4a kernel, the FMA kernel's layout ([`super::CubeTuning`]) with
-/// 16-byte weight loads; every field is a compile-time constant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DotTuning {
-    /// Threads that share one output row, striding along it together; at least [`TILE`].
-    pub lanes: usize,
-    /// Row groups per cube (`lanes * groups` threads, at most 256).
-    pub groups: usize,
-    /// Output rows per thread.
-    pub rows: usize,
-    /// Strides along the row loaded before any arithmetic.
-    pub unroll: usize,
-}
-
-impl DotTuning {
-    /// One activation row where the kernel is the default: measured on the H200 (Vulkan,
-    /// SPIR-V, replayed passes, device clock, `benches/results/h200/dot/planes-graph/`) at
-    /// 0.328 ms per 12 x 88 MB pass, 85 % of the read kernel's 0.279 ms (the FMA kernel's
-    /// default 0.344 ms).
-    pub const ONE: DotTuning = DotTuning {
-        lanes: 32,
-        groups: 4,
-        rows: 2,
-        unroll: 4,
-    };
-
-    /// Two to four activation rows: T = 2 0.375 ms, T = 4 0.450 ms on the H200 (FMA 0.425,
-    /// 0.557; cuBLAS fp16 0.60). Four rows per 64-lane pair of planes balance activation
-    /// reuse against registers; T = 3 takes it by interpolation.
-    pub const FEW: DotTuning = DotTuning {
-        lanes: 64,
-        groups: 4,
-        rows: 2,
-        unroll: 2,
-    };
-
-    /// Five to eight activation rows: six output rows per thread reuse each activation load
-    /// six times, one stride in flight keeps the registers for them: T = 8 0.522 ms on the
-    /// H200 with one split per pass (eight rows 0.548, `benches/results/h200/shapes/`; with a
-    /// split per product eight rows took 0.566, the FMA kernel 0.776, cuBLAS fp16 0.600 in the
-    /// same call); T = 5-7 run the same eight-row kernel (`kernel_tile`), 0.521 ms.
-    pub const MANY: DotTuning = DotTuning {
-        lanes: 32,
-        groups: 4,
-        rows: 6,
-        unroll: 1,
-    };
-
-    /// The shape a product with `tile` activation rows per pass takes where the kernel is the
-    /// default (a native dot product) and no override is set.
-    pub const fn default_for(tile: usize) -> DotTuning {
-        match tile {
-            0..=1 => DotTuning::ONE,
-            2..MANY_FROM => DotTuning::FEW,
-            _ => DotTuning::MANY,
-        }
-    }
-
-    pub(super) fn valid(&self) -> bool {
-        let small = |v: usize| (1..=16).contains(&v);
-        self.lanes >= TILE
-            && self.groups >= 1
-            && self.lanes * self.groups <= 256
-            && small(self.rows)
-            && small(self.unroll)
-    }
-}
-
-/// `dot.lanes.groups.rows.unroll`: the form the benchmark's `--tunings` reads.
-impl std::fmt::Display for DotTuning {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "dot.{}.{}.{}.{}",
-            self.lanes, self.groups, self.rows, self.unroll
-        )
-    }
-}
-
-/// The fewest activation rows that take [`DotTuning::MANY`] and the eight-row kernel.
-const MANY_FROM: usize = 5;
-
-/// The activation rows one pass of the kernel is compiled for, given `t` rows in all. Five to
-/// seven rows (`MANY`'s) run the eight-row kernel, the rows past `t` reading row `t - 1` again and writing
-/// nothing: on the H200 the kernels compiled for them took 0.584 / 0.797 / 0.659 ms per
-/// 12 x 88 MB pass at T = 5 / 6 / 7 against 0.525 for eight rows (`MANY`, one split per pass,
-/// `benches/results/h200/tsweep8/`).
-pub(super) fn kernel_tile(t: usize) -> usize {
+/// The activation rows one pass of the kernel is compiled for, given `t` rows in all. From
+/// [`MANY_FROM`] to seven rows ([`DotTuning::MANY`]'s) run the eight-row kernel, the rows past
+/// `t` reading row `t - 1` again and writing nothing: the kernels compiled for five, six or
+/// seven rows each took longer than the eight-row one (`docs/GPU.md`), whose spare rows cost
+/// only activation loads.
+fn kernel_tile(t: usize) -> usize {
     if t >= MANY_FROM { TILE } else { t }
 }
 
@@ -318,7 +237,7 @@ fn dot_kernel(
 }
 
 /// The split activations of `x` (`[t, inp]` f32, contiguous, `inp % 16 == 0`) on `x`'s
-/// client, as one U32 tensor `[t, 9 * inp / 16]` (the format of [`super::split`]): the high plane,
+/// client, as one U32 tensor `[t, 9 * inp / 16]` (the format of [`crate::q8::split`]): the high plane,
 /// the low plane (`t * inp / 16` vectors of four words each), then the scales. The shape only
 /// counts the words: the planes run over every row, not row by row.
 pub(super) fn split(x: &CubeTensor) -> CubeTensor {
@@ -368,31 +287,24 @@ pub(super) fn run_split(
     let client = split.client.clone();
     let nblk = inp / BLOCK;
     let tile = kernel_tile(t);
-    let rows_per_cube = tuning.groups * tuning.rows;
-    let count = CubeCount::Static(
-        out.div_ceil(rows_per_cube) as u32,
-        t.div_ceil(tile) as u32,
-        1,
-    );
-    let bias_arg = bias.unwrap_or(scales);
-    let bias_len = if bias.is_some() { out } else { 1 };
+    let (count, dim) = grid(out, t, tile, tuning.lanes, tuning.groups, tuning.rows);
+    let (scales, bias_arg) = scales_and_bias(scales, bias, out);
     // SAFETY: lengths are in elements of the bound type: the split `2 * t * nblk` vectors of
     // four words (its planes) and `9 * t * nblk` f32 (the kernel reads the scales from word
     // `8 * t * nblk` on), both read-only views of one buffer as [`split`] wrote it, `values`
-    // `out * inp` bytes as `out * nblk` vectors of four words, `scales` `out` f16 rounded up to
-    // words, `bias` `out` f32 (or one word of the scales, never read without a bias), `y`
-    // `t * out` f32. The kernel clamps every row and activation row to these bounds and writes
-    // each `y` element at most once.
+    // `out * inp` bytes as `out * nblk` vectors of four words, `y` `t * out` f32 (the scales
+    // and bias: see `scales_and_bias`). The kernel clamps every row and activation row to
+    // these bounds and writes each `y` element at most once.
     unsafe {
         dot_kernel::launch_unchecked(
             &client,
             count,
-            CubeDim::new_2d(tuning.lanes as u32, tuning.groups as u32),
+            dim,
             BufferArg::from_raw_parts(split.handle.clone(), 2 * t * nblk),
             BufferArg::from_raw_parts(split.handle.clone(), SPLIT_WORDS * t * nblk),
             BufferArg::from_raw_parts(values.handle.clone(), out * nblk),
-            BufferArg::from_raw_parts(scales.handle.clone(), out.div_ceil(2)),
-            BufferArg::from_raw_parts(bias_arg.handle.clone(), bias_len),
+            scales,
+            bias_arg,
             BufferArg::from_raw_parts(y.clone(), t * out),
             t,
             out,
