@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# Issue 4 on the H200: products sharing one activation split (`burn_mapped::q8::Q8Input`: the
-# dp4a kernel's split made once per pass instead of once per matrix, 13 launches instead of 24)
-# against the per-product split, eager and replayed, under CubeCL's tasks_max
-# (`CUBECL_WGPU_MAX_TASKS`, launches per submission: a replay submits while it encodes once that
-# many are queued, see h200_wall.sh) of `TASKS`; the FMA kernel replayed at tasks_max 8 beside
-# them; PyTorch in the same call. First the q8 kernel tests on the vulkan backend (the shared
-# split's among them). Device clock throughout; nvidia-smi samples the SM clock.
-# Binaries: `gemv-vulkan.xz` (Fusion), `q8_wgpu-vulkan.xz`, `burn_mapped_lib-vulkan.xz`.
-# One archive under $OUT.
+# The q8 GEMV table of docs/GPU.md on an H200 (or any Vulkan GPU): 12 products of 12288 x 7168
+# int8 weights per pass + one sync, through Burn's `vulkan` backend (SPIR-V) with Fusion. Arms:
+# the read kernel, the dp4a product with its activation split made per product (`q8`) and once
+# per pass for all 12 (`q8shared`, `burn_mapped::q8::Q8Input`: 13 launches instead of 24), each
+# eager and replayed from Burn's graph capture (`*graph`), on the device clock (`--device-time`)
+# and the wall clock; CubeCL's tasks_max (`CUBECL_WGPU_MAX_TASKS`, launches per submission) set
+# to each of TASKS; the FMA kernel replayed at tasks_max 8 beside them; PyTorch's fp16 and int8pack
+# arms in the same call. First the q8 kernel tests on the vulkan backend. nvidia-smi samples the
+# SM clock. See h200_env.sh for BIN, OUT and WORK. The binaries, built on any x86-64 Linux host:
 #
-#   bash benches/scripts/h200_shared.sh    (ROUNDS="1 2", TASKS="32 8 4", TSWEEP=1,2,4,8 by default;
-#                                           SKIP_TESTS=1 skips the tests)
+#   cargo build --release -p burn-mapped-benches --bin gemv --features vulkan,fusion          # -> gemv-vulkan
+#   cargo test --release -p burn-mapped --features vulkan,fusion --test q8_wgpu --no-run   # -> q8_wgpu-vulkan
+#   cargo test --release -p burn-mapped --features vulkan,fusion --lib --no-run            # -> burn_mapped_lib-vulkan
+#
+# The table in docs/GPU.md came from
+#
+#   TASKS=32 ROUNDS="1 2" TSWEEP=1,2,3,4,5,6,7,8 bash benches/scripts/h200_shared.sh
+#
+# (defaults: ROUNDS="1 2", TASKS="32 8 4", TSWEEP=1,2,4,8; SKIP_TESTS=1 skips the tests).
+# Results: benches/results/h200/tsweep8/.
 set -u
 LOG_NAME=h200-shared.log
 . "$(dirname "$0")/h200_env.sh"

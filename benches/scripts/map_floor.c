@@ -4,8 +4,8 @@
  * advice, mapping in reverse order, mapping into a released range with MAP_FIXED_NOREPLACE
  * (no reservation split), and opening relative to a directory descriptor.
  *
- *   cc -O2 -o /tmp/map_floor benches/scripts/map_floor.c
- *   /tmp/map_floor ~/.cache/burn-mapped/stores/<store> [iterations]
+ *   cc -O2 -o map_floor benches/scripts/map_floor.c
+ *   ./map_floor ~/.cache/burn-mapped/stores/<store> [iterations]
  *
  * Tensor files are every file of the directory except manifest.json, in name order; a file of
  * at least 2 MiB starts on a 2 MiB boundary. Prints median and minimum build and teardown

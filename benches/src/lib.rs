@@ -1,19 +1,22 @@
-//! The benchmark harness of issue 6: five ways of loading the same weights, each in a fresh
+//! The load-path benchmark harness: five ways of loading the same weights, each in a fresh
 //! process, compared on start-up, memory, sharing across processes, and eviction.
 //!
 //! `harness run` (in `src/bin/harness.rs`) prepares the inputs once under the cache
 //! directory, re-executes itself as a child per measurement ([`child`]), and writes a results
-//! file ([`report`]), SVG figures ([`plot`]) and the README's performance section
-//! ([`readme`]).
+//! file ([`report`]), SVG figures ([`plot`]) and the generated section of
+//! `docs/PERFORMANCE.md` ([`doc`]).
+//!
+//! [`gemv`] is the GEMV benchmark of the q8 kernels (`src/bin/gemv.rs`).
 
 pub mod arms;
 pub mod child;
+pub mod doc;
 pub mod evict;
+pub mod gemv;
 pub mod llama;
 pub mod parent;
 pub mod plot;
 pub mod qwen;
-pub mod readme;
 pub mod report;
 pub mod stats;
 pub mod synth;

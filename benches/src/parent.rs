@@ -1,5 +1,5 @@
 //! The parent side: prepares the inputs, runs every child, checks identity, and writes the
-//! results file, the figures and (optionally) the README section.
+//! results file, the figures and (optionally) the section of `docs/PERFORMANCE.md`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ use crate::report::{
     ShareCell, ShareProcess, SynthReport,
 };
 use crate::synth::{self, SynthSample};
-use crate::{llama, plot, readme, report, sys};
+use crate::{doc, llama, plot, report, sys};
 
 /// Everything `harness run` takes.
 #[derive(Debug, Clone)]
@@ -42,7 +42,7 @@ pub struct RunConfig {
     pub chat: bool,
     pub cache_dir: PathBuf,
     pub results_dir: PathBuf,
-    pub readme: Option<PathBuf>,
+    pub doc: Option<PathBuf>,
     pub command: String,
 }
 
@@ -274,7 +274,7 @@ pub fn run(cfg: &RunConfig) -> Result<Report> {
         notes,
     };
     rep.targets = report::targets(&rep);
-    write_outputs(&rep, &cfg.results_dir, cfg.readme.as_deref())?;
+    write_outputs(&rep, &cfg.results_dir, cfg.doc.as_deref())?;
     Ok(rep)
 }
 
@@ -487,8 +487,8 @@ fn run_qwen(
     ))
 }
 
-/// Writes `<name>.json`, the SVGs and, when `readme` is given, the README section.
-pub fn write_outputs(rep: &Report, results_dir: &Path, readme_path: Option<&Path>) -> Result<()> {
+/// Writes `<name>.json`, the SVGs and, when `doc` is given, that page's generated section.
+pub fn write_outputs(rep: &Report, results_dir: &Path, doc_path: Option<&Path>) -> Result<()> {
     let json = results_dir.join(format!("{}.json", rep.name));
     std::fs::write(&json, serde_json::to_string_pretty(rep)?)
         .with_context(|| json.display().to_string())?;
@@ -496,24 +496,24 @@ pub fn write_outputs(rep: &Report, results_dir: &Path, readme_path: Option<&Path
     for p in plot::write_all(rep, results_dir)? {
         eprintln!("wrote {}", p.display());
     }
-    if let Some(path) = readme_path {
-        update_readme(rep, path, results_dir)?;
+    if let Some(path) = doc_path {
+        update_doc(rep, path, results_dir)?;
     }
     Ok(())
 }
 
-/// Rewrites the performance section of the README at `path` from `rep`.
-pub fn update_readme(rep: &Report, path: &Path, results_dir: &Path) -> Result<()> {
-    let root = path.parent().unwrap_or(Path::new("."));
-    let root = std::fs::canonicalize(root)?;
+/// Rewrites the generated section of the page at `path` (`docs/PERFORMANCE.md`) from `rep`,
+/// linking the results and figures relative to the page.
+pub fn update_doc(rep: &Report, path: &Path, results_dir: &Path) -> Result<()> {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let folder = std::fs::canonicalize(folder)?;
     let results = std::fs::canonicalize(results_dir)?;
-    let rel = results
-        .strip_prefix(&root)
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| results.display().to_string());
+    let rel = doc::relative_path(&folder, &results).display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let section = readme::section(rep, &rel, &format!("{rel}/{}.json", rep.name));
-    std::fs::write(path, readme::splice(&text, &section)?)?;
+    std::fs::write(path, doc::splice(&text, &doc::section(rep, &rel))?)?;
     eprintln!("updated {}", path.display());
     Ok(())
 }

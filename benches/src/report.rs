@@ -1,5 +1,5 @@
 //! The results file: raw samples of every phase, their summaries, the targets, and
-//! the Markdown the harness prints and the README embeds.
+//! the Markdown the harness prints and `docs/PERFORMANCE.md` embeds.
 
 use std::fmt::Write as _;
 
@@ -504,7 +504,8 @@ fn lazy_load_file_note(samples: &[QwenSample]) -> Option<String> {
     })
 }
 
-/// The Markdown tables of `report` (the README's performance section is this plus a header).
+/// The Markdown tables of `report` (the generated section of `docs/PERFORMANCE.md` is this plus
+/// a header).
 pub fn markdown(report: &Report, image_dir: Option<&str>) -> String {
     let mut m = String::new();
     let img = |m: &mut String, file: &str, alt: &str| {

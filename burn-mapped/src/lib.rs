@@ -1,5 +1,6 @@
-//! Load Burn model weights by adopting page-aligned, memory-mapped tensor files as backend
-//! storage instead of copying them.
+#![doc = include_str!("../README.md")]
+//!
+//! # Crate reference
 //!
 //! # Store format (version 1)
 //!

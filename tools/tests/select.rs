@@ -59,8 +59,8 @@ fn rtx_5070_ti() -> SelectInput {
     }
 }
 
-/// Held-out Apple M3, 1.29 GB per token (§8.2), session one: resident coexisted in only 4 of 5 processes.
-fn m3_session_one() -> SelectInput {
+/// Held-out Apple M3, 1.29 GB per token (§8.2), measurement run one: resident coexisted in only 4 of 5 processes.
+fn m3_run_one() -> SelectInput {
     SelectInput {
         working_set_bytes: 1_290_000_000,
         resident_capacity_bytes: Some(8 * GB),
@@ -69,8 +69,8 @@ fn m3_session_one() -> SelectInput {
     }
 }
 
-/// Held-out Apple M3, session two: coexistence in 5 of 5 processes.
-fn m3_session_two() -> SelectInput {
+/// Held-out Apple M3, measurement run two: coexistence in 5 of 5 processes.
+fn m3_run_two() -> SelectInput {
     SelectInput {
         working_set_bytes: 1_290_000_000,
         resident_capacity_bytes: Some(8 * GB),
@@ -157,8 +157,8 @@ fn rtx_5070_ti_selects_resident() {
 }
 
 #[test]
-fn m3_session_one_drops_resident_for_coexistence_and_maps() {
-    let v = verdict(&m3_session_one(), DEFAULT_THETA);
+fn m3_run_one_drops_resident_for_coexistence_and_maps() {
+    let v = verdict(&m3_run_one(), DEFAULT_THETA);
     assert_eq!((v.chosen, &v.basis), (Endpoint::Map, &Basis::Fastest));
     assert_eq!(
         v.arm(Endpoint::Resident).unwrap().dropped,
@@ -167,8 +167,8 @@ fn m3_session_one_drops_resident_for_coexistence_and_maps() {
 }
 
 #[test]
-fn m3_session_two_maps_by_the_tie_band() {
-    let v = verdict(&m3_session_two(), DEFAULT_THETA);
+fn m3_run_two_maps_by_the_tie_band() {
+    let v = verdict(&m3_run_two(), DEFAULT_THETA);
     assert_eq!(v.chosen, Endpoint::Map);
     assert!(matches!(
         v.basis,
@@ -179,17 +179,14 @@ fn m3_session_two_maps_by_the_tie_band() {
     ));
 }
 
-/// The paper's 2%..20% sensitivity claim covers Table 12 only. The held-out M3 session two is not in it,
+/// The paper's 2%..20% sensitivity claim covers Table 12 only. The held-out M3 run two is not in it,
 /// and it does flip: resident leads map by 60.7/59.3 - 1 = 2.36%, which is outside a 2% band, so at
 /// theta = 2% the rule selects resident; from theta = 2.37% upward it selects map again.
 #[test]
-fn m3_session_two_flips_to_resident_at_two_percent() {
-    assert_eq!(verdict(&m3_session_two(), 0.02).chosen, Endpoint::Resident);
-    assert_eq!(
-        verdict(&m3_session_two(), 0.0236).chosen,
-        Endpoint::Resident
-    );
-    assert_eq!(verdict(&m3_session_two(), 0.0237).chosen, Endpoint::Map);
+fn m3_run_two_flips_to_resident_at_two_percent() {
+    assert_eq!(verdict(&m3_run_two(), 0.02).chosen, Endpoint::Resident);
+    assert_eq!(verdict(&m3_run_two(), 0.0236).chosen, Endpoint::Resident);
+    assert_eq!(verdict(&m3_run_two(), 0.0237).chosen, Endpoint::Map);
 }
 
 #[test]

@@ -1,11 +1,11 @@
-//! Issue 6's benchmark harness: the Qwen2.5 checkpoint (its f32 and q8 stores) and a synthetic
+//! The load-path benchmark harness: the Qwen2.5 checkpoint (its f32 and q8 stores) and a synthetic
 //! >= 4 GiB stack of linear layers, loaded five ways, each measurement in a fresh process.
 //!
 //! ```text
 //! cargo run --release -p burn-mapped-benches --bin harness -- run            # everything, ~20 min
 //! cargo run --release -p burn-mapped-benches --bin harness -- run --rounds 3 --cold-rounds 1 \
 //!     --share 1,4 --synthetic-layers 16 --synthetic-rounds 3                  # quicker
-//! cargo run --release -p burn-mapped-benches --bin harness -- readme         # README from JSON
+//! cargo run --release -p burn-mapped-benches --bin harness -- doc            # docs/PERFORMANCE.md from JSON
 //! ```
 
 use std::path::PathBuf;
@@ -28,24 +28,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the benchmarks, write results/<name>.json, the SVGs and the README section.
+    /// Run the benchmarks, write results/<name>.json, the SVGs and the section of
+    /// docs/PERFORMANCE.md.
     Run(RunArgs),
-    /// Regenerate the README section (and the SVGs) from a results file.
-    Readme {
+    /// Regenerate the section of docs/PERFORMANCE.md (and the SVGs) from a results file.
+    Doc {
         /// Results file (default: results/cpu.json in this crate).
         #[arg(long)]
         json: Option<PathBuf>,
-        /// README to update (default: the workspace's README.md).
+        /// Page to update (default: the workspace's docs/PERFORMANCE.md).
         #[arg(long)]
-        readme: Option<PathBuf>,
+        doc: Option<PathBuf>,
     },
     /// Measure (again) only the llama.cpp reference and store it in a results file.
     Llama {
         #[arg(long)]
         json: Option<PathBuf>,
-        /// README to update afterwards (default: the workspace's README.md).
+        /// Page to update afterwards (default: the workspace's docs/PERFORMANCE.md).
         #[arg(long)]
-        readme: Option<PathBuf>,
+        doc: Option<PathBuf>,
     },
     /// Print the Markdown tables of a results file.
     Table {
@@ -110,9 +111,9 @@ struct RunArgs {
     /// Where results go.
     #[arg(long)]
     results_dir: Option<PathBuf>,
-    /// Leave README.md alone.
+    /// Leave docs/PERFORMANCE.md alone.
     #[arg(long)]
-    no_readme: bool,
+    no_doc: bool,
 }
 
 fn crate_dir() -> PathBuf {
@@ -123,8 +124,8 @@ fn default_json() -> PathBuf {
     crate_dir().join("results").join("cpu.json")
 }
 
-fn default_readme() -> PathBuf {
-    crate_dir().join("..").join("README.md")
+fn default_doc() -> PathBuf {
+    crate_dir().join("..").join("docs").join("PERFORMANCE.md")
 }
 
 fn read_report(path: &PathBuf) -> Result<Report> {
@@ -144,7 +145,7 @@ fn main() -> Result<()> {
             println!("{}", report::markdown(&rep, None));
             Ok(())
         }
-        Cmd::Llama { json, readme } => {
+        Cmd::Llama { json, doc } => {
             let json = json.unwrap_or_else(default_json);
             let mut rep = read_report(&json)?;
             let q = rep.qwen.as_ref().context("the results hold no Qwen run")?;
@@ -170,10 +171,10 @@ fn main() -> Result<()> {
                 .parent()
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("."));
-            let readme = readme.unwrap_or_else(default_readme);
-            parent::write_outputs(&rep, &dir, Some(readme.as_path()))
+            let doc = doc.unwrap_or_else(default_doc);
+            parent::write_outputs(&rep, &dir, Some(doc.as_path()))
         }
-        Cmd::Readme { json, readme } => {
+        Cmd::Doc { json, doc } => {
             let json = json.unwrap_or_else(default_json);
             let mut rep = read_report(&json)?;
             // Targets are derived from the samples: recompute them, so a corrected definition
@@ -183,8 +184,8 @@ fn main() -> Result<()> {
                 .parent()
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("."));
-            let readme = readme.unwrap_or_else(default_readme);
-            parent::write_outputs(&rep, &dir, Some(readme.as_path()))
+            let doc = doc.unwrap_or_else(default_doc);
+            parent::write_outputs(&rep, &dir, Some(doc.as_path()))
         }
         Cmd::Run(a) => {
             let command = format!(
@@ -211,7 +212,7 @@ fn main() -> Result<()> {
                     .cache_dir
                     .unwrap_or_else(burn_mapped_tools::fetch::default_cache_dir),
                 results_dir: a.results_dir.unwrap_or_else(|| crate_dir().join("results")),
-                readme: (!a.no_readme).then(default_readme),
+                doc: (!a.no_doc).then(default_doc),
                 command,
             };
             let rep = parent::run(&cfg)?;
