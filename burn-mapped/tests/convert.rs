@@ -620,6 +620,42 @@ fn rejects_a_malformed_header_with_the_safetensors_error() {
     assert!(matches!(err, ConvertError::Safetensors { .. }), "{err}");
 }
 
+// The fuzz seed `safetensors_header/data-length-overflow.safetensors`: eight u8 tensors of
+// 2^61 - 1 bytes each tile offsets up to 2^64 - 8, so the header end plus the data length
+// overflows `usize` inside `SafeTensors::read_metadata`: a panic in a build with overflow
+// checks (this test's), a bogus "trailing bytes" length without them.
+#[test]
+fn rejects_a_header_whose_data_length_overflows() {
+    let tmp = tempdir();
+    let file = tmp.path().join("m.safetensors");
+    let n = (1u64 << 61) - 1;
+    let tensors: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                r#""t{i}":{{"dtype":"U8","shape":[{n}],"data_offsets":[{},{}]}}"#,
+                i * n,
+                (i + 1) * n
+            )
+        })
+        .collect();
+    let header = format!("{{{}}}", tensors.join(","));
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let err =
+        from_safetensors(&file, tmp.path().join("s"), &mut ConvertOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConvertError::Safetensors {
+                source: safetensors::SafeTensorError::ValidationOverflow,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn rejects_bool_bytes_other_than_zero_and_one() {
     let tmp = tempdir();

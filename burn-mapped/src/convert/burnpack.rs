@@ -1,11 +1,14 @@
-//! Burn's burnpack (`.bpk`) input, read with Burn's own [`Reader`] over a read-only mapping, so
-//! every tensor is a window into the file and parameter ids are kept.
+//! Burn's burnpack (`.bpk`) input, read with Burn's own
+//! [`Reader`](burn::store::burn_pack::Reader) over a read-only mapping, so every tensor is a
+//! window into the file and parameter ids are kept.
+//!
+//! The reading itself is in [`parse`], which the fuzz crate compiles on its own.
+
+mod parse;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use burn::store::burn_pack::Reader;
 use burn::tensor::{AllocationProperty, Bytes, DType};
 use memmap2::{Advice, Mmap};
 
@@ -13,14 +16,7 @@ use super::{
     ConvertError, ConvertOptions, ConvertSummary, SourceDType, SourceTensor, convert_into,
 };
 use crate::manifest::Manifest;
-
-struct PackTensor {
-    name: String,
-    dtype: DType,
-    shape: Vec<usize>,
-    param_id: Option<u64>,
-    bytes: Bytes,
-}
+use parse::{PackTensor, read_pack};
 
 /// An opened burnpack file: header and metadata validated by Burn's reader, tensors listed in
 /// file order.
@@ -56,53 +52,24 @@ impl BurnpackInput {
             file: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let file =
+            crate::untrusted::open_regular(path, crate::untrusted::Links::Follow).map_err(io)?;
         // SAFETY: a read-only shared mapping; the hazard of the file changing underneath is
         // documented on the convert module. Burn's reader bounds-checks every tensor range
         // against the mapping's length before windowing into it.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         // Best effort: a hint for the kernel's read-ahead; failure changes nothing but speed.
         let _ = map.advise(Advice::Sequential);
-        let base = map.as_ptr() as usize;
         let shared = bytes::Bytes::from_owner(MapOwner(map));
         let bytes = Bytes::from_shared(shared, AllocationProperty::File);
-        let pack_err = |source| ConvertError::Burnpack {
+        let pack = read_pack(bytes).map_err(|source| ConvertError::Burnpack {
             file: path.to_path_buf(),
             source,
-        };
-        let reader = Reader::from_bytes(bytes).map_err(pack_err)?;
-        let mut metadata: BTreeMap<String, String> = reader
-            .metadata()
-            .iter()
-            .map(|(k, v)| (format!("burnpack.{k}"), v.clone()))
-            .collect();
-        for (k, v) in reader.scalars() {
-            let value = serde_json::to_string(v).expect("scalars always serialize");
-            metadata.insert(format!("burnpack.scalar.{k}"), value);
-        }
-        let mut tensors = reader
-            .into_tensors()
-            .map_err(pack_err)?
-            .into_iter()
-            .map(|t| {
-                let (name, dtype, shape, param_id, bytes) = t.into_parts().map_err(pack_err)?;
-                Ok(PackTensor {
-                    name,
-                    dtype,
-                    shape: shape.to_vec(),
-                    param_id,
-                    bytes,
-                })
-            })
-            .collect::<Result<Vec<_>, ConvertError>>()?;
-        // The reader lists names alphabetically; the file holds them in module order, which
-        // is also the order that reads the input front to back. Every window points into the
-        // one mapping, so its address is its file offset plus `base`.
-        tensors.sort_by_key(|t| (t.bytes.as_ptr() as usize).wrapping_sub(base));
+        })?;
         Ok(Self {
             path: path.to_path_buf(),
-            tensors,
-            metadata,
+            tensors: pack.tensors,
+            metadata: pack.metadata,
         })
     }
 

@@ -4,21 +4,23 @@
 //! Each file is mapped read-only and its header validated by the `safetensors` crate
 //! (`SafeTensors::read_metadata`: offsets contiguous from 0, sizes exact, data ending at end of
 //! file). Tensors are listed in file order, shard by shard.
+//!
+//! The header and index parsing is in [`parse`], which the fuzz crate compiles on its own.
+
+mod parse;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use ::safetensors::tensor::Metadata;
-use ::safetensors::{Dtype, SafeTensorError, SafeTensors};
+use ::safetensors::Dtype;
 use burn::tensor::{BoolStore, DType};
 use memmap2::{Advice, Mmap};
-use serde::Deserialize;
 
 use super::{
     ConvertError, ConvertOptions, ConvertSummary, SourceDType, SourceTensor, convert_into,
 };
 use crate::manifest::Manifest;
+use parse::{Header, HeaderError, is_plain_file_name, parse_index, read_header};
 
 /// Suffix of a sharded checkpoint's index file.
 const INDEX_SUFFIX: &str = ".safetensors.index.json";
@@ -27,8 +29,7 @@ const INDEX_SUFFIX: &str = ".safetensors.index.json";
 struct Shard {
     path: PathBuf,
     map: Mmap,
-    data_start: usize,
-    metadata: Metadata,
+    header: Header,
 }
 
 /// An opened safetensors checkpoint: every file mapped and its header validated.
@@ -45,11 +46,6 @@ impl std::fmt::Debug for SafetensorsInput {
             )
             .finish()
     }
-}
-
-#[derive(Deserialize)]
-struct Index {
-    weight_map: BTreeMap<String, String>,
 }
 
 impl SafetensorsInput {
@@ -121,23 +117,26 @@ impl SafetensorsInput {
     }
 
     fn open_index(index_path: &Path) -> Result<Self, ConvertError> {
-        let bytes = std::fs::read(index_path).map_err(|source| ConvertError::Open {
+        // An index lists names, a few hundred KiB for the largest checkpoints.
+        const MAX_INDEX_BYTES: u64 = 64 << 20;
+        let bytes = crate::untrusted::read_regular(
+            index_path,
+            crate::untrusted::Links::Follow,
+            MAX_INDEX_BYTES,
+        )
+        .map_err(|source| ConvertError::Open {
             file: index_path.to_path_buf(),
             source,
         })?;
-        let index: Index =
-            serde_json::from_slice(&bytes).map_err(|source| ConvertError::IndexSyntax {
+        // Shard name -> the tensors the index places in it.
+        let by_shard: BTreeMap<String, BTreeSet<String>> =
+            parse_index(&bytes).map_err(|source| ConvertError::IndexSyntax {
                 file: index_path.to_path_buf(),
                 source,
             })?;
         let dir = index_path.parent().unwrap_or(Path::new("."));
-        // Shard name -> the tensors the index places in it.
-        let mut by_shard: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-        for (tensor, shard) in &index.weight_map {
-            by_shard.entry(shard).or_default().insert(tensor);
-        }
         let mut shards = Vec::with_capacity(by_shard.len());
-        for (name, listed) in by_shard {
+        for (name, listed) in &by_shard {
             if !is_plain_file_name(name) {
                 return Err(ConvertError::UnsafeShardName {
                     file: index_path.to_path_buf(),
@@ -151,16 +150,16 @@ impl SafetensorsInput {
                 tensor: tensor.to_string(),
                 reason,
             };
-            for &tensor in &listed {
-                if shard.metadata.info(tensor).is_none() {
+            for tensor in listed {
+                if shard.header.metadata.info(tensor).is_none() {
                     return Err(mismatch(
                         tensor,
                         "the index places it in this shard, which lacks it",
                     ));
                 }
             }
-            for tensor in shard.metadata.offset_keys() {
-                if !listed.contains(tensor.as_str()) {
+            for tensor in shard.header.metadata.offset_keys() {
+                if !listed.contains(&tensor) {
                     return Err(mismatch(
                         &tensor,
                         "in the shard but not listed for it in the index",
@@ -183,15 +182,12 @@ impl SafetensorsInput {
         let mut out = Vec::new();
         for shard in &self.shards {
             let bytes: &[u8] = &shard.map;
-            for name in shard.metadata.offset_keys() {
-                let info = shard
-                    .metadata
-                    .info(&name)
-                    .expect("offset_keys lists known names");
-                let (start, end) = info.data_offsets;
+            let metadata = &shard.header.metadata;
+            for name in metadata.offset_keys() {
+                let info = metadata.info(&name).expect("offset_keys lists known names");
                 // In bounds: read_metadata checked that the offsets tile the data section,
                 // which ends exactly at the end of the file.
-                let data = &bytes[shard.data_start + start..shard.data_start + end];
+                let data = &bytes[shard.header.data_range(info)];
                 out.push(SourceTensor {
                     file: &shard.path,
                     name,
@@ -210,7 +206,7 @@ impl SafetensorsInput {
     pub fn metadata(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         for shard in &self.shards {
-            for (k, v) in shard.metadata.metadata().iter().flatten() {
+            for (k, v) in shard.header.metadata.metadata().iter().flatten() {
                 out.entry(format!("safetensors.{k}"))
                     .or_insert_with(|| v.clone());
             }
@@ -234,14 +230,6 @@ pub fn from_safetensors(
     convert_into(out.as_ref(), input.tensors(), metadata, options)
 }
 
-fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\\', '\0'])
-        && !name.chars().any(char::is_control)
-}
-
 fn burn_dtype(dtype: Dtype) -> SourceDType {
     SourceDType::Known(match dtype {
         Dtype::BOOL => DType::Bool(BoolStore::Native),
@@ -261,76 +249,35 @@ fn burn_dtype(dtype: Dtype) -> SourceDType {
     })
 }
 
-/// Length of the safetensors length prefix.
-const PREFIX: usize = 8;
-
 fn open_shard(path: &Path) -> Result<Shard, ConvertError> {
     let io = |source| ConvertError::Open {
         file: path.to_path_buf(),
         source,
     };
-    let file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    if len < PREFIX as u64 {
-        return Err(ConvertError::Truncated {
-            file: path.to_path_buf(),
-            expected: PREFIX as u64,
-            actual: len,
-        });
-    }
+    let file = crate::untrusted::open_regular(path, crate::untrusted::Links::Follow).map_err(io)?;
     // SAFETY: a read-only shared mapping; the hazard of the file changing underneath is
     // documented on the convert module. Every access goes through slices bounded by the
-    // length checked here and by the validated header.
+    // validated header, which `read_header` checked against the mapping's length.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
     // Best effort: a hint for the kernel's read-ahead; failure changes nothing but speed.
     let _ = map.advise(Advice::Sequential);
-    let (header_len, metadata) =
-        SafeTensors::read_metadata(&map).map_err(|e| size_error(path, &map, e))?;
+    let file = path.to_path_buf();
+    let header = read_header(&map).map_err(|error| match error {
+        HeaderError::Truncated { expected, actual } => ConvertError::Truncated {
+            file,
+            expected,
+            actual,
+        },
+        HeaderError::TrailingBytes { expected, actual } => ConvertError::TrailingBytes {
+            file,
+            expected,
+            actual,
+        },
+        HeaderError::Safetensors(source) => ConvertError::Safetensors { file, source },
+    })?;
     Ok(Shard {
         path: path.to_path_buf(),
-        data_start: PREFIX + header_len,
         map,
-        metadata,
+        header,
     })
-}
-
-/// Turns the crate's "buffer does not match" errors into a precise truncation or trailing-bytes
-/// error when the header can tell how long the file should be.
-fn size_error(path: &Path, bytes: &[u8], error: SafeTensorError) -> ConvertError {
-    let actual = bytes.len() as u64;
-    let prefix = u64::from_le_bytes(bytes[..PREFIX].try_into().expect("length checked"));
-    let expected = match error {
-        SafeTensorError::InvalidHeaderLength => PREFIX as u64 + prefix,
-        SafeTensorError::MetadataIncompleteBuffer => {
-            let header = &bytes[PREFIX..PREFIX + prefix as usize];
-            match serde_json::from_slice::<Metadata>(header) {
-                Ok(metadata) => PREFIX as u64 + prefix + metadata.data_len() as u64,
-                Err(_) => {
-                    return ConvertError::Safetensors {
-                        file: path.to_path_buf(),
-                        source: error,
-                    };
-                }
-            }
-        }
-        _ => {
-            return ConvertError::Safetensors {
-                file: path.to_path_buf(),
-                source: error,
-            };
-        }
-    };
-    if expected > actual {
-        ConvertError::Truncated {
-            file: path.to_path_buf(),
-            expected,
-            actual,
-        }
-    } else {
-        ConvertError::TrailingBytes {
-            file: path.to_path_buf(),
-            expected,
-            actual,
-        }
-    }
 }

@@ -37,39 +37,14 @@
 //! # Ok::<(), burn_mapped::gguf::GgufError>(())
 //! ```
 
-// This module must not use anything else from the crate: the fuzz target
-// (fuzz/fuzz_targets/gguf_parse.rs) compiles it on its own by path.
-
 mod convert;
-mod dequant;
-mod error;
+mod format;
 mod mapped;
-mod reader;
-mod types;
 
 pub use convert::{GgufConvert, GgufConvertError, SOURCE_KEY, gguf_to_store};
-pub use dequant::{can_dequantize, dequantize, dequantize_to_vec};
-pub use error::GgufError;
+pub use format::{
+    Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEY_LEN,
+    MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS, TensorInfo, Value,
+    ValueType, can_dequantize, dequantize, dequantize_to_vec,
+};
 pub use mapped::MappedGguf;
-pub use reader::{GgufFile, TensorInfo};
-pub use types::{Array, GgmlType, Value, ValueType};
-
-/// Tensor dimensions at most, ggml's `GGML_MAX_DIMS`.
-pub const MAX_DIMS: u32 = 4;
-/// Tensors per file at most. Large mixture-of-experts models have a few
-/// thousand; the cap only bounds work on hostile input.
-pub const MAX_TENSORS: u64 = 1 << 16;
-/// Metadata entries per file at most; real files have tens.
-pub const MAX_METADATA_ENTRIES: u64 = 1 << 16;
-/// Key length at most, as the GGUF specification states (65535 bytes).
-pub const MAX_KEY_LEN: u64 = 65_535;
-/// Tensor name length at most: ggml keeps names in a `GGML_MAX_NAME` (64)
-/// byte buffer including the terminating NUL and rejects longer ones.
-pub const MAX_TENSOR_NAME_LEN: u64 = 63;
-/// String value length at most (16 MiB); chat templates run to tens of KiB.
-pub const MAX_STRING_LEN: u64 = 1 << 24;
-/// Metadata array length at most (16 Mi elements); vocabularies have a few
-/// hundred thousand entries.
-pub const MAX_ARRAY_LEN: u64 = 1 << 24;
-/// Alignment used when `general.alignment` is absent.
-pub const DEFAULT_ALIGNMENT: u64 = 32;
