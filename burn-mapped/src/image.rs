@@ -60,8 +60,8 @@ pub(crate) struct Image {
     len: usize,
     // Open descriptors keep the shared advisory locks for as long as the image is mapped.
     _files: Vec<File>,
-    // Unregistered before `Drop` unmaps (a struct's fields drop after its `drop` runs, but no
-    // fault can be taken in between: nothing reads a dropping image).
+    // Unregistered just after `Drop` unmaps the range (fields drop after `drop` runs); nothing
+    // reads an image that is being dropped, so no fault can meet a stale entry in between.
     _faults: Vec<crate::fault::Registration>,
 }
 
