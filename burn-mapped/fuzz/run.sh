@@ -24,7 +24,8 @@ target=${1:?$usage}
 seconds=${2:-600}
 shift $(($# >= 2 ? 2 : 1))
 if [[ ! -f "$here/fuzz_targets/$target.rs" ]]; then
-    echo "no target '$target'; the targets are:" $(cd "$here/fuzz_targets" && ls | sed 's/\.rs$//') >&2
+    targets=$(cd "$here/fuzz_targets" && ls | sed 's/\.rs$//')
+    echo "no target '$target'; the targets are:" $targets >&2
     exit 2
 fi
 

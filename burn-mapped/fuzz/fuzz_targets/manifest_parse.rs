@@ -1,5 +1,5 @@
-//! libFuzzer entry for [`burn_mapped_fuzz::manifest_parse`]: arbitrary bytes into the store-manifest
-//! parser (`burn_mapped::Manifest::parse`).
+//! libFuzzer entry for [`burn_mapped_fuzz::manifest_parse`]: arbitrary bytes into the
+//! store-manifest parser (`burn_mapped::Manifest::parse`).
 //!
 //! Build and run with `burn-mapped/fuzz/run.sh manifest_parse SECONDS`.
 

@@ -1,5 +1,5 @@
-//! libFuzzer entry for [`burn_mapped_fuzz::safetensors_index`]: arbitrary bytes into the converter's
-//! sharded-checkpoint index parser.
+//! libFuzzer entry for [`burn_mapped_fuzz::safetensors_index`]: arbitrary bytes into the
+//! converter's sharded-checkpoint index parser.
 //!
 //! Build and run with `burn-mapped/fuzz/run.sh safetensors_index SECONDS`.
 
