@@ -5,8 +5,6 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use std::path::PathBuf;
-
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_models::tokenizer::chat_prompt;
@@ -19,26 +17,6 @@ const FIXTURE: &str = concat!(
     "/../models/tests/fixtures/qwen25_real"
 );
 
-fn gguf_path() -> Option<PathBuf> {
-    let path = std::env::var_os("BURN_MAPPED_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| default_cache_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"));
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("BURN_MAPPED_REQUIRE_REAL").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing; run `burn-mapped fetch qwen2.5-coder-0.5b`",
-            path.display()
-        );
-    }
-    eprintln!(
-        "note: {} absent; real-checkpoint test not run",
-        path.display()
-    );
-    None
-}
-
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
@@ -49,7 +27,9 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn greedy_tokens_and_first_logits_match_the_float64_reference() {
-    let Some(gguf) = gguf_path() else { return };
+    let Some(gguf) = burn_mapped_tests::real_gguf() else {
+        return;
+    };
     let reference: Value =
         serde_json::from_slice(&std::fs::read(format!("{FIXTURE}/reference.json")).unwrap())
             .unwrap();

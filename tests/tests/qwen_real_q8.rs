@@ -13,7 +13,6 @@
 //! `~/.cache/burn-mapped/stores/<stem>-q8` (and `-f32`) on first use. Without the GGUF the
 //! test says so and passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -39,26 +38,6 @@ const NEW_TOKENS: usize = 64;
 /// summation order, while a wrong scale, a float path mixed up with q8 or a broken projection
 /// gives errors of order 1.
 const LOGIT_BOUND: f64 = 5e-2;
-
-fn gguf_path() -> Option<PathBuf> {
-    let path = std::env::var_os("BURN_MAPPED_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| default_cache_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"));
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("BURN_MAPPED_REQUIRE_REAL").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing; run `burn-mapped fetch qwen2.5-coder-0.5b`",
-            path.display()
-        );
-    }
-    eprintln!(
-        "note: {} absent; real-checkpoint q8 test not run",
-        path.display()
-    );
-    None
-}
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
@@ -91,7 +70,9 @@ fn top_error(got: &[f32], first: &Value) -> f64 {
 
 #[test]
 fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
-    let Some(gguf) = gguf_path() else { return };
+    let Some(gguf) = burn_mapped_tests::real_gguf() else {
+        return;
+    };
     let reference: Value =
         serde_json::from_slice(&std::fs::read(format!("{FIXTURE}/reference.json")).unwrap())
             .unwrap();
