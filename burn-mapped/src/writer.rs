@@ -319,18 +319,11 @@ fn parent_of(dir: &Path) -> PathBuf {
     }
 }
 
-/// What is at a writer's target.
-enum Target {
-    Absent,
-    /// An empty directory, or a store (when `existing` allows replacing it).
-    Replaceable,
-}
-
-/// Checks what is at `dir` without changing anything.
-fn check_target(dir: &Path, existing: Existing) -> Result<Target, StoreError> {
+/// Opens the directory at `dir` without following a link; `None` when nothing is there.
+fn open_target(dir: &Path) -> Result<Option<File>, StoreError> {
     match open_dir_nofollow(dir) {
-        Ok(handle) => classify(dir, &handle, existing),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Target::Absent),
+        Ok(handle) => Ok(Some(handle)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
             Err(StoreError::NotAStore {
                 dir: dir.to_path_buf(),
@@ -344,7 +337,18 @@ fn check_target(dir: &Path, existing: Existing) -> Result<Target, StoreError> {
     }
 }
 
-fn classify(dir: &Path, handle: &File, existing: Existing) -> Result<Target, StoreError> {
+/// Checks what is at `dir` without changing anything: nothing, or something [`classify`]
+/// lets this writer replace.
+fn check_target(dir: &Path, existing: Existing) -> Result<(), StoreError> {
+    match open_target(dir)? {
+        Some(handle) => classify(dir, &handle, existing),
+        None => Ok(()),
+    }
+}
+
+/// Whether the directory `handle` (at `dir`) may be replaced: an empty directory, or a store
+/// when `existing` allows replacing one.
+fn classify(dir: &Path, handle: &File, existing: Existing) -> Result<(), StoreError> {
     let not_a_store = |reason| StoreError::NotAStore {
         dir: dir.to_path_buf(),
         reason,
@@ -366,7 +370,7 @@ fn classify(dir: &Path, handle: &File, existing: Existing) -> Result<Target, Sto
     };
     if is_store {
         return match existing {
-            Existing::Replace => Ok(Target::Replaceable),
+            Existing::Replace => Ok(()),
             Existing::Refuse => Err(StoreError::StoreExists {
                 dir: dir.to_path_buf(),
             }),
@@ -379,7 +383,7 @@ fn classify(dir: &Path, handle: &File, existing: Existing) -> Result<Target, Sto
     if entries.next().is_some() {
         return Err(not_a_store("a directory with other contents"));
     }
-    Ok(Target::Replaceable)
+    Ok(())
 }
 
 fn open_dir_nofollow(dir: &Path) -> io::Result<File> {
@@ -400,31 +404,26 @@ fn publish(tmp: &Path, dir: &Path, existing: Existing) -> Result<(), StoreError>
     // A rival writer can change the target between the look and the rename; each round looks
     // again, and the rename itself refuses what the look did not expect.
     for _ in 0..64 {
-        match check_target(dir, existing)? {
-            Target::Absent => match rename2(tmp, dir, libc::RENAME_NOREPLACE) {
+        let Some(handle) = open_target(dir)? else {
+            match rename2(tmp, dir, libc::RENAME_NOREPLACE) {
                 Ok(()) => return sync_dir(&parent_of(dir)).map_err(dir_io),
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
                 Err(e) => return Err(dir_io(e)),
-            },
-            Target::Replaceable => {
-                let Ok(handle) = open_dir_nofollow(dir) else {
-                    continue;
-                };
-                lock(&handle, libc::LOCK_EX).map_err(dir_io)?;
-                // Look again under the lock: the directory must still be the one locked, and
-                // still something this writer may replace.
-                if !still_at(&handle, dir).map_err(dir_io)? {
-                    continue;
-                }
-                classify(dir, &handle, existing)?;
-                rename2(tmp, dir, libc::RENAME_EXCHANGE).map_err(dir_io)?;
-                // `tmp` now names the old store; its files live on for any process mapping
-                // them. Unlink them while still holding the lock (see `generation`).
-                remove_written(tmp);
-                drop(handle);
-                return sync_dir(&parent_of(dir)).map_err(dir_io);
             }
+        };
+        lock(&handle, libc::LOCK_EX).map_err(dir_io)?;
+        // Look under the lock: the directory must still be the one locked, and something this
+        // writer may replace.
+        if !still_at(&handle, dir).map_err(dir_io)? {
+            continue;
         }
+        classify(dir, &handle, existing)?;
+        rename2(tmp, dir, libc::RENAME_EXCHANGE).map_err(dir_io)?;
+        // `tmp` now names the old store; its files live on for any process mapping them.
+        // Unlink them while still holding the lock (see `generation`).
+        remove_written(tmp);
+        drop(handle);
+        return sync_dir(&parent_of(dir)).map_err(dir_io);
     }
     Err(dir_io(io::Error::new(
         io::ErrorKind::ResourceBusy,

@@ -191,12 +191,7 @@ fn adopt(files: &[PathBuf]) -> Result<Vec<Tensor<1, Int>>, ProbeError> {
     let flex = Device::flex();
     let mut tensors = Vec::with_capacity(files.len());
     for path in files {
-        let file =
-            burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Refuse)
-                .map_err(|source| ProbeError::Open {
-                    path: path.clone(),
-                    source,
-                })?;
+        let file = super::open_probed(path)?;
         // SAFETY: a read-only shared mapping this process never writes; another process
         // truncating the file is the hazard documented on `probe_cpu`, and rewriting it shows up
         // as a checksum mismatch.

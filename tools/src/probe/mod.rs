@@ -113,6 +113,16 @@ impl ProbeReport {
     }
 }
 
+/// Opens one file of the working set: a regular file, not through a link, without blocking.
+pub(crate) fn open_probed(path: &std::path::Path) -> Result<std::fs::File, ProbeError> {
+    burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Refuse).map_err(
+        |source| ProbeError::Open {
+            path: path.to_path_buf(),
+            source,
+        },
+    )
+}
+
 /// Most warm-up or measured passes per arm a probe takes: far past any useful median, and small
 /// enough that pass counts and per-pass arrays can never overflow.
 pub const MAX_PASSES: usize = 1000;
@@ -180,12 +190,7 @@ pub(crate) fn map_files(paths: &[PathBuf]) -> Result<Vec<MappedFile>, ProbeError
     }
     let mut files = Vec::with_capacity(paths.len());
     for path in paths {
-        let file =
-            burn_mapped::untrusted::open_regular(path, burn_mapped::untrusted::Links::Refuse)
-                .map_err(|source| ProbeError::Open {
-                    path: path.clone(),
-                    source,
-                })?;
+        let file = open_probed(path)?;
         let len = file
             .metadata()
             .map_err(|source| ProbeError::Open {
