@@ -14,12 +14,9 @@ use anyhow::Result;
 use burn::tensor::Device;
 use burn_mapped::{Manifest, MappedRecorder};
 use burn_mapped_benches::arms::Arm;
+use burn_mapped_benches::measure::ms;
 use burn_mapped_benches::qwen::{self, QwenModel};
 use burn_mapped_benches::stats::Stats;
-
-fn ms(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64() * 1e3
-}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -5,36 +5,11 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use anyhow::Result;
-use burn_mapped::memstat::rss_self;
 use serde::{Deserialize, Serialize};
 
 use crate::arms::{Arm, ArmFiles};
 use crate::evict::{self, EvictSpec};
 use crate::{qwen, synth};
-
-/// Resident set of this process, in bytes (`/proc/self/status`).
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-pub struct Mem {
-    pub anon: u64,
-    pub file: u64,
-    /// `VmHWM`: the peak resident set so far.
-    pub peak: u64,
-    /// File pages mapped huge (`FilePmdMapped`); absent in results from before it was read.
-    #[serde(default)]
-    pub file_pmd: u64,
-}
-
-impl Mem {
-    pub fn now() -> Result<Mem> {
-        let r = rss_self()?;
-        Ok(Mem {
-            anon: r.anon,
-            file: r.file,
-            peak: r.peak,
-            file_pmd: burn_mapped::memstat::file_pmd_mapped("self")?,
-        })
-    }
-}
 
 /// One child's job.
 #[derive(Debug, Clone, Serialize, Deserialize)]

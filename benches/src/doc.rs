@@ -3,7 +3,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::report::Report;
 
@@ -30,8 +30,24 @@ pub fn section(report: &Report, results_dir: &str) -> String {
          micro-benchmarks: `cargo bench -p burn-mapped-benches --bench load_path`.\n\n{}\n{END}",
         report.command,
         duration(report.phases.iter().map(|p| p.wall_s).sum()),
-        crate::report::markdown(report, Some(results_dir)),
+        crate::markdown::markdown(report, Some(results_dir)),
     )
+}
+
+/// Rewrites the generated section of the page at `path` (`docs/PERFORMANCE.md`) from `rep`,
+/// linking the results and figures relative to the page.
+pub fn update(rep: &Report, path: &Path, results_dir: &Path) -> Result<()> {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let folder = std::fs::canonicalize(folder)?;
+    let results = std::fs::canonicalize(results_dir)?;
+    let rel = relative_path(&folder, &results).display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    std::fs::write(path, splice(&text, &section(rep, &rel))?)?;
+    eprintln!("updated {}", path.display());
+    Ok(())
 }
 
 /// `936.4` seconds as `15 min 36 s`.
@@ -121,7 +137,7 @@ mod tests {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
         let json = std::fs::read_to_string(format!("{root}/benches/results/cpu.json")).unwrap();
         let mut report: Report = serde_json::from_str(&json).unwrap();
-        report.targets = crate::report::targets(&report);
+        report.targets = crate::targets::targets(&report);
         let page = std::fs::read_to_string(format!("{root}/docs/PERFORMANCE.md")).unwrap();
         let expected = section(&report, "../benches/results");
         assert!(

@@ -21,7 +21,8 @@ use burn_mapped_models::qwen2::argmax;
 use serde::{Deserialize, Serialize};
 
 use crate::arms::{Arm, ArmFiles};
-use crate::qwen::{self, ms};
+use crate::measure::ms;
+use crate::qwen;
 use crate::stats::Stats;
 use crate::sys::{self, PageOut};
 

@@ -7,8 +7,23 @@ use plotters::prelude::*;
 
 use crate::arms::Arm;
 use crate::evict::EvictReport;
-use crate::report::{QwenReport, Report, summarize_qwen, summarize_synth};
+use crate::report::{QwenReport, Report};
 use crate::stats::Stats;
+use crate::summary::{QwenArmSummary, summarize_qwen, summarize_synth};
+
+/// The legend box every figure draws.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()?;
+    Ok(())
+}
 
 const COLORS: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
@@ -98,12 +113,7 @@ fn bars(
                     ))
                 }))?;
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.85))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         }};
     }
     if log {
@@ -124,7 +134,7 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
         let warm = summarize_qwen(&q.warm);
         let cold = summarize_qwen(&q.cold);
         let arms: Vec<Arm> = warm.iter().map(|s| s.arm).collect();
-        let cold_of = |arm: Arm, f: fn(&crate::report::QwenArmSummary) -> Option<Stats>| {
+        let cold_of = |arm: Arm, f: fn(&QwenArmSummary) -> Option<Stats>| {
             cold.iter().find(|s| s.arm == arm).and_then(f)
         };
         let mut series = vec![
@@ -297,12 +307,7 @@ fn sharing(path: &Path, q: &QwenReport) -> Result<()> {
         )))?
         .label("one copy of the weights")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present()?;
     Ok(())
 }
@@ -364,12 +369,7 @@ fn evict(path: &Path, e: &EvictReport) -> Result<()> {
         vec![(at, 1.0), (at, top)],
         BLACK.stroke_width(1),
     )))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.85))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present()?;
     Ok(())
 }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::arms::{self, Arm, ArmFiles};
-use crate::child::Mem;
+use crate::measure::{Mem, bits_hash, ms};
 
 /// Which store of the checkpoint the Qwen arms load.
 #[derive(
@@ -212,15 +212,6 @@ pub fn step(
         .map_err(|e| anyhow::anyhow!("reading logits back: {e}"))
 }
 
-/// Bit pattern hash of a logits vector.
-pub fn logits_hash(logits: &[f32]) -> u64 {
-    let mut h = Xxh3::new();
-    for v in logits {
-        h.update(&v.to_bits().to_le_bytes());
-    }
-    h.digest()
-}
-
 /// What the child of one Qwen arm reports.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QwenSample {
@@ -300,15 +291,15 @@ pub fn run(
     let mut cache = model.new_cache(1, prompt.len() + decode_tokens);
     let logits = step(model, &mut cache, prompt, &device)?;
     let mut all = Xxh3::new();
-    all.update(&logits_hash(&logits).to_le_bytes());
-    let first_hash = logits_hash(&logits);
+    all.update(&bits_hash(&logits).to_le_bytes());
+    let first_hash = bits_hash(&logits);
     let mut tokens = vec![argmax(&logits)?];
     let ttft_ms = ms(loaded.start);
     let t = Instant::now();
     for _ in 0..decode_tokens {
         let last = *tokens.last().expect("one token at least");
         let logits = step(model, &mut cache, &[last], &device)?;
-        all.update(&logits_hash(&logits).to_le_bytes());
+        all.update(&bits_hash(&logits).to_le_bytes());
         tokens.push(argmax(&logits)?);
     }
     let decode_ms = ms(t);
@@ -338,8 +329,4 @@ pub fn run(
     hold(&sample)?;
     drop(cache);
     Ok(sample)
-}
-
-pub(crate) fn ms(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64() * 1e3
 }

@@ -12,8 +12,7 @@ use burn_mapped::{MappedRecorder, StoreWriter, TensorSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::arms::{self, Arm, ArmFiles};
-use crate::child::Mem;
-use crate::qwen::ms;
+use crate::measure::{Mem, bits_hash, ms};
 
 #[derive(Module, Debug)]
 pub struct Stack {
@@ -45,7 +44,7 @@ impl Stack {
         let out = x
             .try_into_vec_as::<f32>()
             .map_err(|e| anyhow::anyhow!("reading the output back: {e}"))?;
-        Ok(crate::qwen::logits_hash(&out))
+        Ok(bits_hash(&out))
     }
 }
 

@@ -108,6 +108,25 @@ fn meminfo(key: &str) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in meminfo")))
 }
 
+/// The CPU's model name from `/proc/cpuinfo`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The running kernel's release (`/proc/sys/kernel/osrelease`), empty when unreadable.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// The 1-minute load average (other work on the machine shows here).
 pub fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")

@@ -8,68 +8,44 @@ use burn::tensor::{DType, Device};
 
 use crate::error::StoreError;
 use crate::manifest::Manifest;
+use crate::placement::Placement;
 
-/// Where a loaded store's bytes end up, which depends only on the backend.
+/// The placement a module's tensors get on `device`, which depends only on its backend
+/// (autodiff looks through to the device it wraps).
 ///
-/// The names follow the paper's three placements. Loading never copies on the way in (both
-/// routes hand the backend the mapped pages); what differs is what the backend does with them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DevicePlacement {
-    /// Flex: the parameters' storage *is* the mapped page-cache pages, read in place by every
-    /// op. No copy, ever.
-    Map,
-    /// NdArray: the parameters keep the mapped pages at rest (borrowed storage), but every op
-    /// that reads a borrowed tensor first copies it into a fresh heap array, so each forward
-    /// pass copies the weights it touches once more. A parameter whose load runs an op (a
-    /// `Col`-layout `Linear` weight is transposed on load) is copied by that op at load and
-    /// rests in the heap instead (and NdArray's matmul copies that transposed array on every
-    /// use as well).
-    PerUseCopy,
-    /// Any other backend (the CubeCL ones: wgpu, CUDA, ROCm, ...): `from_data` copies the
-    /// bytes once into device memory, after which the mapping is no longer read.
-    Resident,
+/// Loading never copies on the way in (both routes hand the backend the mapped pages); what
+/// differs is what the backend does with them:
+/// - Flex: [`Placement::Map`]. The parameters' storage *is* the mapped page-cache pages, read
+///   in place by every op. No copy, ever.
+/// - NdArray: [`Placement::PerUseCopy`]. The parameters keep the mapped pages at rest
+///   (borrowed storage), but every op that reads a borrowed tensor first copies it into a fresh
+///   heap array, so each forward pass copies the weights it touches once more. A parameter
+///   whose load runs an op (a `Col`-layout `Linear` weight is transposed on load) is copied by
+///   that op at load and rests in the heap instead (and NdArray's matmul copies that
+///   transposed array on every use as well).
+/// - Any other backend (the CubeCL ones: wgpu, CUDA, ROCm, ...): [`Placement::Resident`].
+///   `from_data` copies the bytes once into device memory, after which the mapping is no
+///   longer read.
+pub fn placement_on(device: &Device) -> Placement {
+    backend_placement(device).0
 }
 
-impl DevicePlacement {
-    /// The placement a module's tensors get on `device` (autodiff looks through to the device
-    /// it wraps).
-    pub fn of(device: &Device) -> Self {
-        #[allow(deprecated)] // NdArray is deprecated upstream, but still a backend users pick.
-        let ndarray = Device::ndarray();
-        if *device == Device::flex() {
-            DevicePlacement::Map
-        } else if *device == ndarray {
-            DevicePlacement::PerUseCopy
-        } else {
-            DevicePlacement::Resident
-        }
-    }
-
-    /// The label used in logs and docs: `map`, `per-use copy` or `resident`.
-    pub fn label(self) -> &'static str {
-        match self {
-            DevicePlacement::Map => "map",
-            DevicePlacement::PerUseCopy => "per-use copy",
-            DevicePlacement::Resident => "resident",
-        }
-    }
-
-    fn meaning(self) -> &'static str {
-        match self {
-            DevicePlacement::Map => "parameters are the mapped pages, zero copy",
-            DevicePlacement::PerUseCopy => {
-                "parameters borrow the mapped pages at rest; every op copies the weight it reads"
-            }
-            DevicePlacement::Resident => {
-                "copied once into device memory; the mapping is not read after load"
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for DevicePlacement {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.label())
+/// [`placement_on`] and one line on what it means for this backend, for the load log.
+fn backend_placement(device: &Device) -> (Placement, &'static str) {
+    #[allow(deprecated)] // NdArray is deprecated upstream, but still a backend users pick.
+    let ndarray = Device::ndarray();
+    if *device == Device::flex() {
+        (Placement::Map, "parameters are the mapped pages, zero copy")
+    } else if *device == ndarray {
+        (
+            Placement::PerUseCopy,
+            "parameters borrow the mapped pages at rest; every op copies the weight it reads",
+        )
+    } else {
+        (
+            Placement::Resident,
+            "copied once into device memory; the mapping is not read after load",
+        )
     }
 }
 
@@ -102,13 +78,12 @@ pub(crate) fn prepare(
     }
     let bytes: u64 = manifest.tensors().iter().map(|t| t.len()).sum();
     for device in devices {
-        let placement = DevicePlacement::of(device);
+        let (placement, meaning) = backend_placement(device);
         log::info!(
             target: "burn_mapped",
-            "store {}: {} tensors, {bytes} bytes onto {device:?}: {placement} ({})",
+            "store {}: {} tensors, {bytes} bytes onto {device:?}: {placement} ({meaning})",
             dir.display(),
             manifest.tensors().len(),
-            placement.meaning(),
         );
     }
     Ok(())

@@ -37,10 +37,11 @@
 //! # What each backend does with the pages
 //!
 //! Both routes hand the backend the mapped pages; what it does with them depends on the
-//! backend alone, and [`DevicePlacement`] names it. The loaders that see the module's device
-//! ([`MappedRecorder::load_into`], and [`MappedStore`] through `load_from`) log the placement
-//! (target `burn_mapped`, level info) and refuse, with [`StoreError::DeviceDType`], a stored
-//! dtype the device lacks, before reading any tensor byte.
+//! backend alone, and [`placement_on`] names it as a [`Placement`]. The loaders that see the
+//! module's device ([`MappedRecorder::load_into`], and [`MappedStore`] through `load_from`)
+//! log the placement (target `burn_mapped`, level info) and refuse, with
+//! [`StoreError::DeviceDType`], a stored dtype the device lacks, before reading any tensor
+//! byte.
 //!
 //! - **Flex — `map`.** The parameter tensors *are* the page-cache pages, shared by every
 //!   process that maps the store; kernels read them in place. No copy, at load or after.
@@ -95,7 +96,7 @@ mod store;
 pub mod untrusted;
 mod writer;
 
-pub use device::DevicePlacement;
+pub use device::placement_on;
 pub use dtype::{dtype_name, parse_dtype};
 pub use error::{ExpectedLen, StoreError};
 pub use fault::SIGBUS_EXIT_CODE;
@@ -105,7 +106,7 @@ pub use manifest::{
     MAX_RANK, MAX_STORE_BYTES, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,
 };
 pub use map::MappedFile;
-pub use placement::{Placement, Stager, is_flex, owned_copy};
+pub use placement::{Placement, Stager, UnknownPlacement, is_flex, owned_copy};
 pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
 pub use recorder::MappedRecorder;
 pub use store::{MappedStore, OpenOptions, verify_dir};

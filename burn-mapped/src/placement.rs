@@ -1,5 +1,6 @@
-//! Where loaded weights live: the mechanism half of placement (which one to pick is policy,
-//! and lives in `burn-mapped-tools`).
+//! Where loaded weights live: the three endpoints through which a device reaches the weight
+//! bytes. Which one to pick for a store on a device is policy, and lives in
+//! `burn-mapped-tools`; what a backend makes of adopted bytes is [`placement_on`].
 //!
 //! - [`Placement::Map`]: tensors adopt the mapped file pages. On Flex the parameters *are* the
 //!   page cache; on a CubeCL backend `from_data` uploads them once (there, map is not
@@ -10,8 +11,11 @@
 //!   copied into fresh storage on the compute device before every use, by a [`Stager`]. A
 //!   loader cannot make an arbitrary module do that; the module stages through a `Stager`
 //!   (`Stager::stage_module` re-materializes a whole module or layer per call).
+//!
+//! [`placement_on`]: crate::placement_on
 
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,9 +24,15 @@ use burn::backend::flex::FlexTensor;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::kind::Basic;
 use burn::tensor::{BackendPrimitive, Bytes, Device, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
 
-/// One of the three endpoints through which a device reaches the weight bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// One of the three endpoints through which a device reaches the weight bytes: what a loader
+/// is asked for, what a backend gives, and what the selection rule chooses.
+///
+/// Serialized in snake case (`map`, `resident`, `per_use_copy`), the form probe reports and
+/// verdicts on disk already use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Placement {
     /// Adopt the mapped pages; no copy (on backends that can adopt host memory).
     #[default]
@@ -34,12 +44,26 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// The command-line spelling: `map`, `resident`, `per-use-copy`.
+    /// All three, in the order of reports and of breaking exact ties: fewest owned copies first.
+    pub const ALL: [Placement; 3] = [Placement::Map, Placement::Resident, Placement::PerUseCopy];
+
+    /// The command-line spelling, which [`FromStr`] reads back: `map`, `resident`,
+    /// `per-use-copy`.
     pub fn name(self) -> &'static str {
         match self {
             Placement::Map => "map",
             Placement::Resident => "resident",
             Placement::PerUseCopy => "per-use-copy",
+        }
+    }
+
+    /// The label for prose, tables and logs (also [`Display`](fmt::Display)): `map`,
+    /// `resident`, `per-use copy`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Placement::Map => "map",
+            Placement::Resident => "resident",
+            Placement::PerUseCopy => "per-use copy",
         }
     }
 
@@ -51,7 +75,27 @@ impl Placement {
 
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.label())
+    }
+}
+
+/// A placement name that is none of the three.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement `{0}`: expected map, resident or per-use-copy")]
+pub struct UnknownPlacement(pub String);
+
+impl FromStr for Placement {
+    type Err = UnknownPlacement;
+
+    /// The [`name`](Placement::name), in any case; `per_use_copy` (the serialized form) and
+    /// `copy` also name the per-use copy.
+    fn from_str(s: &str) -> Result<Self, UnknownPlacement> {
+        match s.to_ascii_lowercase().as_str() {
+            "map" => Ok(Placement::Map),
+            "resident" => Ok(Placement::Resident),
+            "per-use-copy" | "per_use_copy" | "copy" => Ok(Placement::PerUseCopy),
+            _ => Err(UnknownPlacement(s.to_owned())),
+        }
     }
 }
 

@@ -168,7 +168,7 @@ impl MappedRecorder {
     /// know the device. Before any tensor byte is read it checks that every stored dtype exists
     /// on the module's devices (an f16 store on NdArray is a typed
     /// [`StoreError::DeviceDType`] here, a panic inside Burn there), and it logs what the
-    /// backend does with the pages ([`DevicePlacement`](crate::DevicePlacement): `map`,
+    /// backend does with the pages ([`placement_on`](crate::placement_on): `map`,
     /// `per-use copy` or `resident`).
     pub fn load_into<M: Module>(&self, module: M, dir: impl AsRef<Path>) -> Result<M, StoreError> {
         let dir = dir.as_ref();

@@ -5,8 +5,11 @@ mod common;
 
 use burn::module::Module;
 use burn::store::ModuleSnapshot;
-use burn::tensor::Device;
+use burn::tensor::{Device, TensorData};
 use burn_mapped::{Manifest, MappedRecorder, MappedStore};
+use burn_mapped_tests::flex::float_param_storage;
+use burn_mapped_tests::maps::{inside_a_mapping, mapped_ranges};
+use burn_mapped_tests::tempdir;
 use common::*;
 
 fn assert_adopted(net: &Net, dir: &std::path::Path) {
@@ -23,9 +26,7 @@ fn assert_adopted(net: &Net, dir: &std::path::Path) {
             .unwrap_or_else(|| panic!("{path} not in store"));
         let mappings = mapped_ranges(&dir.join(entry.file()));
         assert!(
-            mappings
-                .iter()
-                .any(|m| m.start <= range.start && range.end <= m.end),
+            inside_a_mapping(&range, &mappings),
             "{path}: storage {range:x?} is not inside a mapping of its file {mappings:x?}"
         );
         assert_eq!(
@@ -36,15 +37,21 @@ fn assert_adopted(net: &Net, dir: &std::path::Path) {
     }
 }
 
+/// A forward pass of `loaded` bitwise equal to `expected`.
+fn assert_forward_equals(loaded: &Net, expected: &TensorData) {
+    let got = loaded.forward(tokens(&Device::flex())).into_data();
+    assert_eq!(
+        got.as_bytes(),
+        expected.as_bytes(),
+        "forward must be bitwise equal"
+    );
+}
+
 #[test]
 fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
     let device = Device::flex();
-    let original = Net::init(&device);
+    let (_tmp, dir, original) = recorded_net();
     let expected = original.forward(tokens(&device)).into_data();
-
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    MappedRecorder::default().record(&original, &dir).unwrap();
 
     let fresh = Net::init(&device);
     assert!(!fresh.col.weight.is_initialized(), "init must be lazy");
@@ -52,23 +59,14 @@ fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
     let loaded = fresh.load_record(record);
 
     assert_adopted(&loaded, &dir);
-    let got = loaded.forward(tokens(&device)).into_data();
-    assert_eq!(
-        got.as_bytes(),
-        expected.as_bytes(),
-        "forward must be bitwise equal"
-    );
+    assert_forward_equals(&loaded, &expected);
 }
 
 #[test]
 fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
     let device = Device::flex();
-    let original = Net::init(&device);
+    let (_tmp, dir, original) = recorded_net();
     let expected = original.forward(tokens(&device)).into_data();
-
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    MappedRecorder::default().record(&original, &dir).unwrap();
 
     let mut loaded = Net::init(&device);
     let mut store = MappedStore::open(&dir).unwrap();
@@ -76,22 +74,12 @@ fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
     assert_eq!(result.applied.len(), 6);
 
     assert_adopted(&loaded, &dir);
-    let got = loaded.forward(tokens(&device)).into_data();
-    assert_eq!(
-        got.as_bytes(),
-        expected.as_bytes(),
-        "forward must be bitwise equal"
-    );
+    assert_forward_equals(&loaded, &expected);
 }
 
 #[test]
 fn adopted_tensor_data_is_the_mapping_and_survives_the_store() {
-    let device = Device::flex();
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    MappedRecorder::default()
-        .record(&Net::init(&device), &dir)
-        .unwrap();
+    let (_tmp, dir, _) = recorded_net();
     let store = MappedStore::open(&dir).unwrap();
     let data = store.tensor_data("row.weight").unwrap();
     let mapping = store.mapped("row.weight").unwrap().address_range();

@@ -18,25 +18,17 @@ use burn_mapped::convert::{
     from_safetensors,
 };
 use burn_mapped::{Manifest, MappedRecorder, MappedStore};
+use burn_mapped_tests::numeric::f32_le_bytes;
+use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
+use burn_mapped_tests::tempdir;
 use common::*;
 use safetensors::Dtype;
-use safetensors::tensor::TensorView;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
 /// One input tensor: name, safetensors dtype, shape, bytes.
-type Raw = (&'static str, Dtype, Vec<usize>, Vec<u8>);
-
-fn write_safetensors(path: &Path, tensors: &[Raw], metadata: Option<HashMap<String, String>>) {
-    let views: Vec<(&str, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, data)| {
-            (*name, TensorView::new(*dtype, shape.clone(), data).unwrap())
-        })
-        .collect();
-    safetensors::serialize_to_file(views, metadata, path).unwrap();
-}
+type Raw = RawTensor<&'static str>;
 
 /// Deterministic bytes that are not a simple ramp.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -49,10 +41,6 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
             (x >> 11) as u8
         })
         .collect()
-}
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 fn f64_bytes(values: &[f64]) -> Vec<u8> {
@@ -260,7 +248,10 @@ fn every_supported_safetensors_dtype_is_stored_byte_for_byte() {
             ),
             "bool",
         ),
-        (("scalar", Dtype::F32, vec![], f32_bytes(&[2.5])), "f32"),
+        (
+            ("scalar", Dtype::F32, vec![], f32_le_bytes([2.5f32])),
+            "f32",
+        ),
         (("empty", Dtype::F32, vec![0, 4], vec![]), "f32"),
     ];
     let input: Vec<Raw> = cases.iter().map(|(raw, _)| raw.clone()).collect();
@@ -731,7 +722,7 @@ fn casting_f32_to_f16_rounds_hand_computed_cases_to_nearest_even() {
     ];
     let values: Vec<f32> = cases.iter().map(|c| c.0).collect();
     let (_tmp, dir) = convert_one(
-        &[("w", Dtype::F32, vec![values.len()], f32_bytes(&values))],
+        &[("w", Dtype::F32, vec![values.len()], f32_le_bytes(&values))],
         Some(CastTo::F16),
     );
     let manifest = Manifest::read(&dir).unwrap();
@@ -759,7 +750,7 @@ fn casting_f32_to_bf16_rounds_hand_computed_cases_to_nearest_even() {
     ];
     let values: Vec<f32> = cases.iter().map(|c| c.0).collect();
     let (_tmp, dir) = convert_one(
-        &[("w", Dtype::F32, vec![values.len()], f32_bytes(&values))],
+        &[("w", Dtype::F32, vec![values.len()], f32_le_bytes(&values))],
         Some(CastTo::BF16),
     );
     let got = u16s(&stored_bytes(&dir, "w"));
@@ -782,7 +773,7 @@ fn casting_f32_and_f64_to_half_types_matches_the_f64_rounding_reference() {
             .filter(|&v| v.is_finite())
             .collect();
         let (_t1, d32) = convert_one(
-            &[("w", Dtype::F32, vec![as_f32.len()], f32_bytes(&as_f32))],
+            &[("w", Dtype::F32, vec![as_f32.len()], f32_le_bytes(&as_f32))],
             Some(target),
         );
         let (_t2, d64) = convert_one(
@@ -997,7 +988,7 @@ fn a_burnpack_cast_to_bf16_rounds_and_keeps_param_ids() {
         DType::F32,
         vec![4],
         Some(7),
-        f32_bytes(&values),
+        f32_le_bytes(values),
     )])
     .write_to_file(&path)
     .unwrap();

@@ -6,6 +6,7 @@ mod common;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
 use burn_mapped::{MappedRecorder, MappedStore, StoreError, StoreWriter, TensorSpec};
+use burn_mapped_tests::tempdir;
 use common::*;
 use serde_json::Value;
 
@@ -219,12 +220,7 @@ fn verify_reports_dirty_padding() {
 
 #[test]
 fn rejects_a_shape_mismatch_against_the_module() {
-    let device = Device::flex();
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    MappedRecorder::default()
-        .record(&Net::init(&device), &dir)
-        .unwrap();
+    let (_tmp, dir, _) = recorded_net();
     // Claim a different shape for one tensor, keeping len consistent with it.
     edit_manifest(&dir, |v| {
         let t = v["tensors"]
@@ -235,7 +231,7 @@ fn rejects_a_shape_mismatch_against_the_module() {
             .unwrap();
         t["shape"] = serde_json::json!([OUT, HIDDEN]);
     });
-    let mut net = Net::init(&device);
+    let mut net = Net::init(&Device::flex());
     let mut store = MappedStore::open(&dir).unwrap();
     match net.load_from(&mut store) {
         Err(StoreError::ShapeMismatch {

@@ -2,12 +2,11 @@
 //! what the Python `gguf` package reads from it (`fixtures/gguf/real_file.json`,
 //! written by `make_fixture.py`).
 //!
-//! Runs only when the checkpoint is in the cache (`burn-mapped fetch` or
-//! `burn_mapped_tools::fetch::fetch_qwen25_coder_05b` puts it there); without
-//! it the test prints a note and passes, so CI needs no network.
+//! Runs only when the checkpoint is there (`burn-mapped fetch` puts it in the
+//! cache, `$BURN_MAPPED_GGUF` names another copy); without it the test prints a
+//! note and passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn_mapped::gguf::{GgufFile, Value, can_dequantize, dequantize};
@@ -15,23 +14,10 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
 const REAL_FILE: &str = include_str!("fixtures/gguf/real_file.json");
-const FILE_NAME: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-
-/// Same location rule as `burn_mapped_tools::fetch::default_cache_dir`, which
-/// this crate cannot depend on.
-fn cached_checkpoint() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::home_dir().map(|h| h.join(".cache")))?;
-    let path = base.join("burn-mapped").join(FILE_NAME);
-    path.is_file().then_some(path)
-}
 
 #[test]
 fn the_real_checkpoint_reads_like_gguf_py_reads_it() {
-    let Some(path) = cached_checkpoint() else {
-        eprintln!("note: {FILE_NAME} is not in the cache; skipping the real-checkpoint test");
+    let Some(path) = burn_mapped_tests::real_gguf() else {
         return;
     };
     let expected: Json = serde_json::from_str(REAL_FILE).unwrap();

@@ -5,88 +5,35 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, LinearLayout};
+use burn::nn::LinearLayout;
 use burn::store::{ModuleSnapshot, SafetensorsStore};
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{Device, Tensor};
 use burn_mapped::memstat::{file_mappings, rss_self};
-use burn_mapped::{MappedRecorder, MappedStore, StoreWriter, TensorSpec};
+use burn_mapped::{MappedRecorder, MappedStore};
+use burn_mapped_tests::synthetic::{BIG_DIM, BIG_WEIGHT_BYTES, BigStack, write_big_stack};
+use burn_mapped_tests::tempdir;
 use common::*;
 
-const LAYERS: usize = 33;
-const DIM: usize = 2048;
-const WEIGHT_BYTES: u64 = (LAYERS * DIM * DIM * 4) as u64; // 528 MiB
-
-#[derive(Module, Debug)]
-struct Big {
-    layers: Vec<Linear>,
-}
-
-impl Big {
-    fn init(device: &Device) -> Self {
-        let layers = (0..LAYERS)
-            .map(|_| {
-                LinearConfig::new(DIM, DIM)
-                    .with_bias(false)
-                    .with_layout(LinearLayout::Col)
-                    .init(device)
-            })
-            .collect();
-        Self { layers }
-    }
-
-    /// Reads every weight once.
-    fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
-        for layer in &self.layers {
-            x = layer.forward(x).tanh();
-        }
-        x
-    }
-}
-
-/// Writes the big store straight from a generator, so the test process never holds it.
-fn write_big_store(dir: &Path) {
-    let mut w = StoreWriter::create(dir).unwrap();
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    for i in 0..LAYERS {
-        let spec = TensorSpec::new(format!("layers.{i}.weight"), DType::F32, [DIM, DIM]);
-        w.add_with(spec, |sink| {
-            let mut row = Vec::with_capacity(DIM * 4);
-            for _ in 0..DIM {
-                row.clear();
-                for _ in 0..DIM {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
-                    row.extend_from_slice(&v.to_le_bytes());
-                }
-                sink.write_all(&row)?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
-    w.finish().unwrap();
-}
+/// Seed of the big store's values.
+const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
 
 fn growth(out: &str, key: &str) -> f64 {
-    child_value::<u64>(out, key) as f64 / WEIGHT_BYTES as f64
+    child_value::<u64>(out, key) as f64 / BIG_WEIGHT_BYTES as f64
 }
 
 #[test]
 fn loading_a_large_module_grows_anonymous_memory_by_under_two_percent() {
     let tmp = tempdir();
     let store = tmp.path().join("store");
-    write_big_store(&store);
+    write_big_stack(&store, SEED);
     // Burn's own formats, from the same weights, for the copying controls.
     let bpk = tmp.path().join("big.bpk");
     let st = tmp.path().join("big.safetensors");
     {
-        let mut module = Big::init(&Device::flex());
+        let mut module = BigStack::init(&Device::flex(), LinearLayout::Col);
         module
             .load_from(&mut MappedStore::open(&store).unwrap())
             .unwrap();
@@ -133,7 +80,7 @@ fn child_loads_big_module() {
     let env = |k: &str| std::env::var(k).unwrap();
     let device = Device::flex();
     let before = rss_self().unwrap().anon;
-    let module = Big::init(&device);
+    let module = BigStack::init(&device, LinearLayout::Col);
     let module = match env("BM_ARM").as_str() {
         "recorder" => module.load_record(MappedRecorder::default().load(env("BM_STORE")).unwrap()),
         "store" => {
@@ -154,7 +101,9 @@ fn child_loads_big_module() {
         other => panic!("unknown arm {other}"),
     };
     let after_load = rss_self().unwrap().anon;
-    let y = module.forward(Tensor::ones([1, DIM], &device)).into_data();
+    let y = module
+        .forward(Tensor::ones([1, BIG_DIM], &device))
+        .into_data();
     assert!(y.iter::<f32>().all(f32::is_finite));
     let rss = rss_self().unwrap();
     println!("anon_load={}", after_load.saturating_sub(before));
@@ -164,12 +113,7 @@ fn child_loads_big_module() {
 
 #[test]
 fn two_processes_mapping_one_store_share_its_pages() {
-    let device = Device::flex();
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    MappedRecorder::default()
-        .record(&Net::init(&device), &dir)
-        .unwrap();
+    let (_tmp, dir, _) = recorded_net();
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args([

@@ -17,14 +17,24 @@ use std::time::Instant;
 
 use burn::backend::NdArray;
 use burn::backend::ndarray::NdArrayTensor;
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::{Linear, LinearConfig, LinearLayout};
+use burn::module::Module;
+use burn::nn::LinearLayout;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_mapped::memstat::rss_self;
 use burn_mapped::{
-    DevicePlacement, Manifest, MappedRecorder, MappedStore, StoreError, StoreWriter, TensorSpec,
+    Manifest, MappedRecorder, MappedStore, Placement, StoreError, StoreWriter, TensorSpec,
+    placement_on,
 };
+use burn_mapped_tests::flex::float_param_storage;
+use burn_mapped_tests::maps::inside_a_mapping;
+use burn_mapped_tests::maps::mapped_ranges;
+use burn_mapped_tests::numeric::median;
+use burn_mapped_tests::params::{ParamProbe, probe_float_params};
+use burn_mapped_tests::synthetic::{
+    BIG_DIM, BIG_LAYERS, BIG_WEIGHT_BYTES, BigStack, write_big_stack,
+};
+use burn_mapped_tests::tempdir;
 use common::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -127,28 +137,17 @@ fn ndarray_storage<const D: usize>(tensor: Tensor<D>) -> (bool, std::ops::Range<
 
 /// (path, borrowed, storage range) of every float parameter of a module on NdArray.
 fn ndarray_params<M: Module>(module: &M) -> Vec<(String, bool, std::ops::Range<usize>)> {
-    struct V {
-        path: Vec<String>,
-        out: Vec<(String, bool, std::ops::Range<usize>)>,
-    }
-    impl ModuleVisitor for V {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let (borrowed, range) = ndarray_storage(param.val());
-            self.out.push((self.path.join("."), borrowed, range));
+    struct Storage;
+    impl ParamProbe for Storage {
+        type Out = (bool, std::ops::Range<usize>);
+        fn probe<const D: usize>(&mut self, value: Tensor<D>) -> Self::Out {
+            ndarray_storage(value)
         }
     }
-    let mut v = V {
-        path: Vec::new(),
-        out: Vec::new(),
-    };
-    module.visit(&mut v);
-    v.out
+    probe_float_params(module, Storage)
+        .into_iter()
+        .map(|(path, (borrowed, range))| (path, borrowed, range))
+        .collect()
 }
 
 /// Whether `range` lies inside a mapping of the file holding tensor `path` (`/proc/self/maps`).
@@ -161,9 +160,7 @@ fn inside_its_mapping(
     let entry = manifest
         .get(path)
         .unwrap_or_else(|| panic!("{path} not in store"));
-    mapped_ranges(&dir.join(entry.file()))
-        .iter()
-        .any(|m| m.start <= range.start && range.end <= m.end)
+    inside_a_mapping(range, &mapped_ranges(&dir.join(entry.file())))
 }
 
 /// On NdArray every parameter rests in its file mapping, except a `Col`-layout weight: its
@@ -200,6 +197,19 @@ fn store_of(net: &Net) -> (tempfile::TempDir, std::path::PathBuf) {
 // ---------------------------------------------------------------------------------------------
 // Both routes
 
+/// A forward pass of `loaded` bitwise equal to `expected`, with the weights borrowed from the
+/// mapping before and after it: a use copies; it does not replace the parameter's storage.
+fn forward_from_the_mapping(loaded: &Net, dir: &Path, device: &Device, expected: &TensorData) {
+    assert_borrowed_at_rest(loaded, dir);
+    let got = loaded.forward(tokens(device)).into_data();
+    assert_eq!(
+        got.as_bytes(),
+        expected.as_bytes(),
+        "forward must be bitwise equal"
+    );
+    assert_borrowed_at_rest(loaded, dir);
+}
+
 #[test]
 fn recorder_route_on_ndarray_keeps_weights_in_the_mapping_and_reproduces_the_forward_pass() {
     let device = ndarray();
@@ -214,15 +224,7 @@ fn recorder_route_on_ndarray_keeps_weights_in_the_mapping_and_reproduces_the_for
         .load_into(Net::init(&device), &dir)
         .unwrap();
     for loaded in [bare, checked] {
-        assert_borrowed_at_rest(&loaded, &dir);
-        let got = loaded.forward(tokens(&device)).into_data();
-        assert_eq!(
-            got.as_bytes(),
-            expected.as_bytes(),
-            "forward must be bitwise equal"
-        );
-        // A use copies; it does not replace the parameter's storage.
-        assert_borrowed_at_rest(&loaded, &dir);
+        forward_from_the_mapping(&loaded, &dir, &device, &expected);
     }
     assert_eq!(file_snapshot(&dir), before);
     assert!(MappedStore::open(&dir).unwrap().verify().is_empty());
@@ -241,14 +243,7 @@ fn store_route_on_ndarray_runs_a_strict_forward_pass_from_the_mapping() {
     assert_eq!(loaded.load_from(&mut store).unwrap().applied.len(), 6);
     drop(store);
 
-    assert_borrowed_at_rest(&loaded, &dir);
-    let got = loaded.forward(tokens(&device)).into_data();
-    assert_eq!(
-        got.as_bytes(),
-        expected.as_bytes(),
-        "forward must be bitwise equal"
-    );
-    assert_borrowed_at_rest(&loaded, &dir);
+    forward_from_the_mapping(&loaded, &dir, &device, &expected);
     assert_eq!(file_snapshot(&dir), before);
 }
 
@@ -399,9 +394,9 @@ fn lines_about(dir: &Path) -> Vec<String> {
 
 #[test]
 fn placement_follows_the_backend() {
-    assert_eq!(DevicePlacement::of(&Device::flex()), DevicePlacement::Map);
-    assert_eq!(DevicePlacement::of(&ndarray()), DevicePlacement::PerUseCopy);
-    assert_eq!(DevicePlacement::PerUseCopy.label(), "per-use copy");
+    assert_eq!(placement_on(&Device::flex()), Placement::Map);
+    assert_eq!(placement_on(&ndarray()), Placement::PerUseCopy);
+    assert_eq!(Placement::PerUseCopy.label(), "per-use copy");
 }
 
 #[test]
@@ -447,7 +442,7 @@ fn loading_onto_wgpu_is_logged_as_resident_and_carries_the_file_bytes() {
         return;
     };
     capture_logs();
-    assert_eq!(DevicePlacement::of(&device), DevicePlacement::Resident);
+    assert_eq!(placement_on(&device), Placement::Resident);
     let (_tmp, dir) = store_of(&Net::init(&Device::flex()));
     let mut net = Net::init(&device);
     net.load_from(&mut MappedStore::open(&dir).unwrap())
@@ -463,63 +458,9 @@ fn loading_onto_wgpu_is_logged_as_resident_and_carries_the_file_bytes() {
 // ---------------------------------------------------------------------------------------------
 // The per-use copy, measured
 
-const LAYERS: usize = 33;
-const DIM: usize = 2048;
-const WEIGHT_BYTES: u64 = (LAYERS * DIM * DIM * 4) as u64; // 528 MiB
 const FORWARDS: usize = 3;
-
-#[derive(Module, Debug)]
-struct Big {
-    layers: Vec<Linear>,
-}
-
-impl Big {
-    fn init(device: &Device, layout: LinearLayout) -> Self {
-        let layers = (0..LAYERS)
-            .map(|_| {
-                LinearConfig::new(DIM, DIM)
-                    .with_bias(false)
-                    .with_layout(layout)
-                    .init(device)
-            })
-            .collect();
-        Self { layers }
-    }
-
-    /// Reads every weight once.
-    fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
-        for layer in &self.layers {
-            x = layer.forward(x).tanh();
-        }
-        x
-    }
-}
-
-/// Writes the big store from a generator, so the test process never holds it.
-fn write_big_store(dir: &Path) {
-    let mut w = StoreWriter::create(dir).unwrap();
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    for i in 0..LAYERS {
-        let spec = TensorSpec::new(format!("layers.{i}.weight"), DType::F32, [DIM, DIM]);
-        w.add_with(spec, |sink| {
-            let mut row = Vec::with_capacity(DIM * 4);
-            for _ in 0..DIM {
-                row.clear();
-                for _ in 0..DIM {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
-                    row.extend_from_slice(&v.to_le_bytes());
-                }
-                std::io::Write::write_all(sink, &row)?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
-    w.finish().unwrap();
-}
+/// Seed of the big store's values.
+const SEED: u64 = 0x2545_F491_4F6C_DD1D;
 
 const ARMS: [&str; 5] = [
     "flex-map",
@@ -533,14 +474,14 @@ const ARMS: [&str; 5] = [
 fn a_forward_on_ndarray_copies_the_mapped_weights_while_flex_reads_them_in_place() {
     let tmp = tempdir();
     let store = tmp.path().join("store");
-    write_big_store(&store);
+    write_big_stack(&store, SEED);
     let before: Vec<u64> = Manifest::read(&store)
         .unwrap()
         .tensors()
         .iter()
         .map(|t| t.xxh3())
         .collect();
-    let w = WEIGHT_BYTES as f64;
+    let w = BIG_WEIGHT_BYTES as f64;
     let mut results = Vec::new();
     for arm in ARMS {
         let out = run_child(
@@ -549,7 +490,7 @@ fn a_forward_on_ndarray_copies_the_mapped_weights_while_flex_reads_them_in_place
         );
         let v = |k: &str| child_value::<f64>(&out, k);
         println!(
-            "{arm:>16}: at rest RssAnon +{:6.2}% of weights, {:2}/{LAYERS} borrowed from the mapping; \
+            "{arm:>16}: at rest RssAnon +{:6.2}% of weights, {:2}/{BIG_LAYERS} borrowed from the mapping; \
              per forward: heap allocated {:7.1} MiB ({:5.1}% of weights), peak live heap +{:5.1} MiB, \
              {:7.1} ms (median of {FORWARDS}); RssAnon after the forwards +{:.2}%",
             v("anon_load") / w * 100.0,
@@ -579,7 +520,7 @@ fn a_forward_on_ndarray_copies_the_mapped_weights_while_flex_reads_them_in_place
                     anon_load < 0.02,
                     "{arm} must rest in the mapping: {anon_load}"
                 );
-                assert_eq!(in_mapping as usize, LAYERS, "{arm}");
+                assert_eq!(in_mapping as usize, BIG_LAYERS, "{arm}");
                 // The per-use copy: every weight is copied again by every forward pass.
                 assert!(
                     allocated > 0.95,
@@ -612,7 +553,7 @@ fn a_forward_on_ndarray_copies_the_mapped_weights_while_flex_reads_them_in_place
         "per-use copy on NdArray: {:.1} MiB copied per forward over {} MiB of weights, \
          +{:.1} ms per forward (mapped {:.1} ms vs owned {:.1} ms); Flex mapped {:.1} ms, nothing copied",
         (mapped.3 - owned.3) * w / (1 << 20) as f64,
-        WEIGHT_BYTES >> 20,
+        BIG_WEIGHT_BYTES >> 20,
         mapped.4 - owned.4,
         mapped.4,
         owned.4,
@@ -643,13 +584,13 @@ fn child_runs_big_forwards() {
         LinearLayout::Row
     };
     let base = rss_self().unwrap().anon;
-    let fresh = Big::init(&device, layout);
+    let fresh = BigStack::init(&device, layout);
     let module = match arm.as_str() {
         "ndarray-recorder" => MappedRecorder::default().load_into(fresh, &dir).unwrap(),
         "ndarray-owned" => {
             // The same weights copied into heap arrays NdArray owns: `into_record` reads every
             // tensor out into a native buffer, and NdArray keeps native buffers as owned arrays.
-            let mut mapped = Big::init(&device, layout);
+            let mut mapped = BigStack::init(&device, layout);
             mapped
                 .load_from(&mut MappedStore::open(&dir).unwrap())
                 .unwrap();
@@ -666,7 +607,7 @@ fn child_runs_big_forwards() {
     let anon_load = rss_self().unwrap().anon.saturating_sub(base);
 
     let manifest = Manifest::read(&dir).unwrap();
-    let count_in_mapping = |module: &Big| {
+    let count_in_mapping = |module: &BigStack| {
         if arm.starts_with("flex") {
             let storage = float_param_storage(module);
             storage
@@ -682,7 +623,7 @@ fn child_runs_big_forwards() {
     };
     let in_mapping = count_in_mapping(&module);
 
-    let x = Tensor::<2>::ones([1, DIM], &device);
+    let x = Tensor::<2>::ones([1, BIG_DIM], &device);
     let y = module.forward(x.clone()).into_data(); // warm-up: faults the pages in
     assert!(y.iter::<f32>().all(f32::is_finite));
     let mut runs = Vec::new();
@@ -697,15 +638,10 @@ fn child_runs_big_forwards() {
     assert_eq!(count_in_mapping(&module), in_mapping);
     let anon_after = rss_self().unwrap().anon.saturating_sub(base);
 
-    let median = |f: &dyn Fn(&(f64, u64, u64)) -> f64| {
-        let mut v: Vec<f64> = runs.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!("anon_load={anon_load}");
     println!("in_mapping={in_mapping}");
-    println!("ms={}", median(&|r| r.0));
-    println!("allocated={}", median(&|r| r.1 as f64));
-    println!("peak_heap={}", median(&|r| r.2 as f64));
+    println!("ms={}", median(runs.iter().map(|r| r.0)));
+    println!("allocated={}", median(runs.iter().map(|r| r.1 as f64)));
+    println!("peak_heap={}", median(runs.iter().map(|r| r.2 as f64)));
     println!("anon_after={anon_after}");
 }

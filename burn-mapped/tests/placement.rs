@@ -5,40 +5,19 @@
 mod common;
 
 use std::ops::Range;
-use std::path::Path;
 
 use burn::module::Module;
 use burn::store::ModuleSnapshot;
 use burn::tensor::Device;
 use burn_mapped::{Manifest, MappedRecorder, MappedStore, Placement, Stager};
+use burn_mapped_tests::flex::{flex_storage, float_param_storage};
+use burn_mapped_tests::maps::{overlaps_a_mapping, store_mappings};
 use common::*;
-
-fn recorded_store() -> (tempfile::TempDir, std::path::PathBuf, Net) {
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    let original = Net::init(&Device::flex());
-    MappedRecorder::default().record(&original, &dir).unwrap();
-    (tmp, dir, original)
-}
-
-/// Every mapping of every tensor file of the store, read from `/proc/self/maps`.
-fn store_mappings(dir: &Path) -> Vec<Range<usize>> {
-    Manifest::read(dir)
-        .unwrap()
-        .tensors()
-        .iter()
-        .flat_map(|t| mapped_ranges(&dir.join(t.file())))
-        .collect()
-}
-
-fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
-}
 
 fn assert_outside(storage: &[(String, Range<usize>)], mappings: &[Range<usize>]) {
     for (path, range) in storage {
         assert!(
-            !mappings.iter().any(|m| overlaps(m, range)),
+            !overlaps_a_mapping(range, mappings),
             "{path}: storage {range:x?} lies in a store mapping {mappings:x?}"
         );
     }
@@ -46,7 +25,7 @@ fn assert_outside(storage: &[(String, Range<usize>)], mappings: &[Range<usize>])
 
 #[test]
 fn resident_store_loads_owned_copies_that_compute_the_same() {
-    let (_tmp, dir, original) = recorded_store();
+    let (_tmp, dir, original) = recorded_net();
     let device = Device::flex();
     let expected = original.forward(tokens(&device)).into_data();
 
@@ -69,7 +48,7 @@ fn resident_store_loads_owned_copies_that_compute_the_same() {
 
 #[test]
 fn resident_recorder_releases_the_mapping_before_returning() {
-    let (_tmp, dir, original) = recorded_store();
+    let (_tmp, dir, original) = recorded_net();
     let device = Device::flex();
     let expected = original.forward(tokens(&device)).into_data();
 
@@ -87,7 +66,7 @@ fn resident_recorder_releases_the_mapping_before_returning() {
 
 #[test]
 fn map_and_per_use_copy_recorders_hand_over_the_mapping() {
-    let (_tmp, dir, _) = recorded_store();
+    let (_tmp, dir, _) = recorded_net();
     for placement in [Placement::Map, Placement::PerUseCopy] {
         let record = MappedRecorder::with_placement(placement)
             .load(&dir)
@@ -107,7 +86,7 @@ fn map_and_per_use_copy_recorders_hand_over_the_mapping() {
 
 #[test]
 fn staging_copies_into_fresh_storage_on_every_call() {
-    let (_tmp, dir, _) = recorded_store();
+    let (_tmp, dir, _) = recorded_net();
     let device = Device::flex();
     let mut store = MappedStore::open(&dir).unwrap();
     let mut at_rest = Net::init(&device);
@@ -123,7 +102,10 @@ fn staging_copies_into_fresh_storage_on_every_call() {
         &[("first".into(), a.clone()), ("second".into(), b.clone())],
         &mappings,
     );
-    assert!(!overlaps(&a, &b), "two uses share storage: {a:x?} {b:x?}");
+    assert!(
+        !overlaps_a_mapping(&a, std::slice::from_ref(&b)),
+        "two uses share storage: {a:x?} {b:x?}"
+    );
     let source = at_rest.col.weight.val();
     assert_eq!(first.dims(), source.dims());
     assert_eq!(
@@ -138,7 +120,7 @@ fn staging_copies_into_fresh_storage_on_every_call() {
 
 #[test]
 fn staging_a_module_copies_every_parameter_per_use_and_computes_the_same() {
-    let (_tmp, dir, original) = recorded_store();
+    let (_tmp, dir, original) = recorded_net();
     let device = Device::flex();
     let expected = original.forward(tokens(&device)).into_data();
     let record = MappedRecorder::with_placement(Placement::PerUseCopy)
@@ -163,4 +145,20 @@ fn staging_a_module_copies_every_parameter_per_use_and_computes_the_same() {
         assert_eq!(clone.staged_bytes(), pass * per_pass, "clones share counts");
         assert_eq!(clone.staged_tensors(), pass * 6);
     }
+}
+
+#[test]
+fn each_placement_reads_back_its_name_and_keeps_its_serialized_form() {
+    for (p, json) in Placement::ALL
+        .into_iter()
+        .zip(["\"map\"", "\"resident\"", "\"per_use_copy\""])
+    {
+        assert_eq!(p.name().parse::<Placement>(), Ok(p));
+        assert_eq!(p.name().to_uppercase().parse::<Placement>(), Ok(p));
+        assert_eq!(serde_json::to_string(&p).unwrap(), json);
+        assert_eq!(serde_json::from_str::<Placement>(json).unwrap(), p);
+    }
+    assert_eq!(Placement::PerUseCopy.to_string(), "per-use copy");
+    let err = "streaming".parse::<Placement>().unwrap_err();
+    assert!(err.to_string().contains("`streaming`"), "{err}");
 }

@@ -4,7 +4,6 @@
 //! numbers; the GGUF case takes its source values from the Python `gguf` package's
 //! dequantization (`fixtures/gguf/tiny.json`).
 
-mod common;
 mod q8_common;
 
 use std::path::Path;
@@ -14,9 +13,10 @@ use burn_mapped::convert::{CastTo, ConvertError, ConvertOptions, from_burnpack, 
 use burn_mapped::gguf::{GgufConvert, GgufConvertError, MappedGguf, gguf_to_store};
 use burn_mapped::q8::{Q8Error, is_projection_weight, scale_name};
 use burn_mapped::{Manifest, MappedStore, Q8_ROW_F16, StoreError};
+use burn_mapped_tests::numeric::f16_value;
+use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
 use q8_common::Rng;
 use safetensors::Dtype;
-use safetensors::tensor::TensorView;
 use serde_json::Value as Json;
 
 const TINY_GGUF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gguf/tiny.gguf");
@@ -24,18 +24,6 @@ const TINY_JSON: &str = include_str!("fixtures/gguf/tiny.json");
 
 // ---------------------------------------------------------------------------------------------
 // Reference decoding and checks, written from the format definitions.
-
-/// IEEE binary16 from its bits: 1 sign, 5 exponent (bias 15), 10 fraction bits.
-fn f16_value(bits: u16) -> f64 {
-    let sign = if bits >> 15 == 1 { -1.0 } else { 1.0 };
-    let exp = i32::from((bits >> 10) & 0x1f);
-    let frac = f64::from(bits & 0x3ff);
-    match exp {
-        0 => sign * frac * 2f64.powi(-24),
-        31 => f64::NAN,
-        e => sign * (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
-    }
-}
 
 /// bfloat16 is the top half of an f32.
 fn bf16_value(bits: u16) -> f64 {
@@ -140,20 +128,7 @@ fn check_q8(dir: &Path, name: &str, w: &[f64], out: usize, inp: usize) -> f64 {
     got
 }
 
-type Raw = (String, Dtype, Vec<usize>, Vec<u8>);
-
-fn write_safetensors(path: &Path, tensors: &[Raw]) {
-    let views: Vec<(&str, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, data)| {
-            (
-                name.as_str(),
-                TensorView::new(*dtype, shape.clone(), data).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
-}
+type Raw = RawTensor<String>;
 
 fn encode(dtype: Dtype, values: &[f32]) -> Vec<u8> {
     match dtype {
@@ -243,7 +218,7 @@ fn the_rule_picks_qwen_projections_and_the_head_but_not_embeddings_norms_or_bias
 #[test]
 fn a_safetensors_checkpoint_converts_to_q8_with_each_error_recorded_exactly() {
     let mut rng = Rng::fresh();
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let input = tmp.path().join("model.safetensors");
     let tensors = vec![
         raw(
@@ -291,7 +266,7 @@ fn a_safetensors_checkpoint_converts_to_q8_with_each_error_recorded_exactly() {
             (0..6i32).flat_map(|v| v.to_le_bytes()).collect(),
         ),
     ];
-    write_safetensors(&input, &tensors);
+    write_safetensors(&input, &tensors, None);
     let out = tmp.path().join("store");
     let (manifest, summary) = from_safetensors(&input, &out, &mut q8_options()).unwrap();
     assert_eq!(summary.written, tensors.len());
@@ -328,7 +303,7 @@ fn a_safetensors_checkpoint_converts_to_q8_with_each_error_recorded_exactly() {
 fn a_burnpack_converts_to_q8_like_safetensors() {
     use burn::store::burn_pack;
     let mut rng = Rng::fresh();
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let path = tmp.path().join("model.bpk");
     let w = rng.vec_nonzero(33 * 17);
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -369,17 +344,15 @@ fn a_burnpack_converts_to_q8_like_safetensors() {
 #[test]
 fn rejects_a_non_finite_weight_naming_the_tensor_and_its_row_in_a_later_block() {
     let mut rng = Rng::fresh();
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let input = tmp.path().join("model.safetensors");
     let (out_rows, inp) = (700, 3001);
     let mut w = rng.vec_nonzero(out_rows * inp);
     // Row 699 is past the first 8 MiB block (698 rows of 3001 f32).
     w[699 * inp + 9] = f32::INFINITY;
     let bytes = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_safetensors(
-        &input,
-        &[("a.weight".into(), Dtype::F32, vec![out_rows, inp], bytes)],
-    );
+    let tensors: [Raw; 1] = [("a.weight".into(), Dtype::F32, vec![out_rows, inp], bytes)];
+    write_safetensors(&input, &tensors, None);
     let out = tmp.path().join("store");
     let err = from_safetensors(&input, &out, &mut q8_options()).unwrap_err();
     match err {
@@ -404,25 +377,23 @@ fn rejects_a_non_finite_weight_naming_the_tensor_and_its_row_in_a_later_block() 
 
 #[test]
 fn rejects_an_input_tensor_that_takes_a_scale_name() {
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let input = tmp.path().join("model.safetensors");
-    write_safetensors(
-        &input,
-        &[
-            (
-                "a.weight".into(),
-                Dtype::F32,
-                vec![2, 2],
-                encode(Dtype::F32, &[1.0, 2.0, 3.0, 4.0]),
-            ),
-            (
-                "a.weight_scale".into(),
-                Dtype::F32,
-                vec![2],
-                encode(Dtype::F32, &[1.0, 2.0]),
-            ),
-        ],
-    );
+    let tensors: [Raw; 2] = [
+        (
+            "a.weight".into(),
+            Dtype::F32,
+            vec![2, 2],
+            encode(Dtype::F32, &[1.0, 2.0, 3.0, 4.0]),
+        ),
+        (
+            "a.weight_scale".into(),
+            Dtype::F32,
+            vec![2],
+            encode(Dtype::F32, &[1.0, 2.0]),
+        ),
+    ];
+    write_safetensors(&input, &tensors, None);
     let err = from_safetensors(&input, tmp.path().join("store"), &mut q8_options()).unwrap_err();
     assert!(
         matches!(&err, ConvertError::ScaleNameTaken { tensor, scale, other, .. }
@@ -466,7 +437,7 @@ fn tiny_tensors() -> Vec<(String, [usize; 2], Vec<f64>)> {
 #[test]
 fn a_gguf_requantizes_every_picked_matrix_against_the_gguf_packages_values() {
     let gguf = MappedGguf::open(TINY_GGUF).unwrap();
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let out = tmp.path().join("store");
     let rename = |name: &str| Some(name.to_string());
     let all = |_: &str, _: &[usize]| true;
@@ -493,7 +464,7 @@ fn a_gguf_requantizes_every_picked_matrix_against_the_gguf_packages_values() {
 #[test]
 fn a_gguf_with_no_picked_matrix_stays_float() {
     let gguf = MappedGguf::open(TINY_GGUF).unwrap();
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let out = tmp.path().join("store");
     let rename = |name: &str| Some(name.to_string());
     let rule: &dyn Fn(&str, &[usize]) -> bool = &is_projection_weight;
@@ -524,7 +495,7 @@ fn a_gguf_with_no_picked_matrix_stays_float() {
 #[test]
 fn rejects_a_gguf_rename_onto_a_scale_name() {
     let gguf = MappedGguf::open(TINY_GGUF).unwrap();
-    let tmp = common::tempdir();
+    let tmp = burn_mapped_tests::tempdir();
     let rename = |name: &str| {
         Some(match name {
             "t.f32" => "w".to_string(),

@@ -1,7 +1,6 @@
 //! q8 format and the `q8_linear` op on Flex, checked against an f64 reference computed here
 //! from the same int8 values and scales.
 
-mod common;
 mod q8_common;
 
 use burn::backend::Flex;
@@ -123,18 +122,7 @@ fn q8_linear_matches_the_f64_reference_for_every_t_with_and_without_bias() {
     let mut rng = Rng::fresh();
     // Shapes not multiples of 4, 8 or 32; the last is large enough to be split over threads.
     for &(out, inp) in &[(37, 53), (1, 1), (9, 7), (301, 1003)] {
-        let q = rng.q8_values(out * inp);
-        let s = rng.scales(out);
-        let w = Q8Weight::from_rows(
-            &Q8Rows {
-                values: q.clone(),
-                scales: s.clone(),
-            },
-            out,
-            inp,
-            &device(),
-        )
-        .unwrap();
+        let (q, s, w) = weight(&mut rng, out, inp, &device());
         for t in (1..=8).chain([11]) {
             let x = rng.vec_nonzero(t * inp);
             let b = rng.vec_nonzero(out);
@@ -152,18 +140,7 @@ fn q8_linear_matches_the_f64_reference_for_every_t_with_and_without_bias() {
 fn q8_linear_uses_every_configured_thread_count() {
     let mut rng = Rng::fresh();
     let (out, inp) = (523, 1031); // ~540 KB: two or more slabs
-    let q = rng.q8_values(out * inp);
-    let s = rng.scales(out);
-    let w = Q8Weight::from_rows(
-        &Q8Rows {
-            values: q.clone(),
-            scales: s.clone(),
-        },
-        out,
-        inp,
-        &device(),
-    )
-    .unwrap();
+    let (q, s, w) = weight(&mut rng, out, inp, &device());
     let x = rng.vec_nonzero(3 * inp);
     let want = reference(&x, &q, &s, None, 3, out, inp);
     for threads in [1, 2, 5] {
@@ -185,18 +162,7 @@ fn q8_linear_uses_every_configured_thread_count() {
 fn half_precision_activations_are_cast_and_cast_back() {
     let mut rng = Rng::fresh();
     let (out, inp, t) = (21, 33, 3);
-    let q = rng.q8_values(out * inp);
-    let s = rng.scales(out);
-    let w = Q8Weight::from_rows(
-        &Q8Rows {
-            values: q.clone(),
-            scales: s.clone(),
-        },
-        out,
-        inp,
-        &device(),
-    )
-    .unwrap();
+    let (q, s, w) = weight(&mut rng, out, inp, &device());
     let x: Vec<f32> = rng
         .vec_nonzero(t * inp)
         .into_iter()
@@ -313,7 +279,7 @@ fn a_store_written_by_write_q8_links_the_scales_and_runs_in_place() {
     let mut rng = Rng::fresh();
     let (out, inp) = (37, 53);
     let w = rng.vec_nonzero(out * inp);
-    let dir = common::tempdir();
+    let dir = burn_mapped_tests::tempdir();
     let store_dir = dir.path().join("store");
     let mut writer = StoreWriter::create(&store_dir).unwrap();
     let written = write_q8(&mut writer, "layers.0.mlp.up_proj.weight", &w, out, inp).unwrap();
@@ -347,7 +313,7 @@ fn a_store_written_by_write_q8_links_the_scales_and_runs_in_place() {
     let ptr = flex.bytes().as_ptr() as usize;
     let file = store_dir.join(entry.file());
     assert!(
-        common::mapped_ranges(&file)
+        burn_mapped_tests::maps::mapped_ranges(&file)
             .iter()
             .any(|r| r.contains(&ptr)),
         "values are not the mapping of {}",

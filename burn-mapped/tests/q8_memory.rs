@@ -2,7 +2,6 @@
 //! resident set does not grow by a copy of the weights (an f32 copy would be 4x their size,
 //! an int8 copy 1x). Alone in its test binary so no other test allocates meanwhile.
 
-mod common;
 mod q8_common;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -23,7 +22,7 @@ fn reset_peak() -> std::io::Result<()> {
 #[test]
 fn q8_linear_does_not_copy_the_mapped_weights() {
     let mut rng = Rng::fresh();
-    let dir = common::tempdir();
+    let dir = burn_mapped_tests::tempdir();
     let store_dir = dir.path().join("store");
     {
         let rows = Q8Rows {

@@ -6,17 +6,8 @@ mod common;
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_mapped::{MappedRecorder, MappedStore, REFUSAL, StoreError, StrictMode};
+use burn_mapped::{MappedStore, REFUSAL, StoreError, StrictMode};
 use common::*;
-
-fn store_with_net() -> (tempfile::TempDir, std::path::PathBuf, Net) {
-    let device = Device::flex();
-    let tmp = tempdir();
-    let dir = tmp.path().join("store");
-    let net = Net::init(&device);
-    MappedRecorder::default().record(&net, &dir).unwrap();
-    (tmp, dir, net)
-}
 
 fn load(dir: &std::path::Path, strict: bool) -> Net {
     let mut net = Net::init(&Device::flex());
@@ -48,7 +39,7 @@ fn values(t: Tensor<2>) -> Vec<f64> {
 
 #[test]
 fn strict_mode_runs_a_full_forward_pass() {
-    let (_tmp, dir, original) = store_with_net();
+    let (_tmp, dir, original) = recorded_net();
     let before = file_snapshot(&dir);
     let net = load(&dir, true);
     let device = Device::flex();
@@ -67,7 +58,7 @@ fn refusal_message(err: Box<dyn std::any::Any + Send>) -> String {
 
 #[test]
 fn functional_ops_on_weights_allocate_fresh_outputs() {
-    let (_tmp, dir, _) = store_with_net();
+    let (_tmp, dir, _) = recorded_net();
     let before = file_snapshot(&dir);
     let net = load(&dir, false);
     let w = net.row.weight.val();
@@ -94,7 +85,7 @@ fn functional_ops_on_weights_allocate_fresh_outputs() {
 
 #[test]
 fn strict_mode_allows_reads_and_names_the_weight_an_op_tries_to_write() {
-    let (_tmp, dir, _) = store_with_net();
+    let (_tmp, dir, _) = recorded_net();
     let before = file_snapshot(&dir);
     let net = load(&dir, true);
     let w = net.row.weight.val();
@@ -122,7 +113,7 @@ fn strict_mode_allows_reads_and_names_the_weight_an_op_tries_to_write() {
 
 #[test]
 fn in_place_op_on_a_sole_owned_weight_copies_first_by_default() {
-    let (_tmp, dir, _) = store_with_net();
+    let (_tmp, dir, _) = recorded_net();
     let before = file_snapshot(&dir);
     let reference = file_values(&dir, "row.weight");
     let net = load(&dir, false);
@@ -139,7 +130,7 @@ fn in_place_op_on_a_sole_owned_weight_copies_first_by_default() {
 
 #[test]
 fn in_place_op_on_a_sole_owned_weight_fails_in_strict_mode_naming_it() {
-    let (_tmp, dir, _) = store_with_net();
+    let (_tmp, dir, _) = recorded_net();
     let before = file_snapshot(&dir);
     let net = load(&dir, true);
     let w = net.row.weight.val();
@@ -156,7 +147,7 @@ fn in_place_op_on_a_sole_owned_weight_fails_in_strict_mode_naming_it() {
 
 #[test]
 fn explicit_write_access_is_a_typed_error() {
-    let (_tmp, dir, _) = store_with_net();
+    let (_tmp, dir, _) = recorded_net();
     let mut store = MappedStore::open(&dir).unwrap();
     match store.bytes_mut("col.weight") {
         Err(StoreError::ReadOnly { tensor }) => assert_eq!(tensor, "col.weight"),
@@ -177,7 +168,7 @@ fn explicit_write_access_is_a_typed_error() {
 
 #[test]
 fn strict_mode_follows_the_environment_variable() {
-    let (_tmp, dir, _) = store_with_net();
+    let (_tmp, dir, _) = recorded_net();
     let out = run_child(
         "child_reports_strict_mode",
         &[

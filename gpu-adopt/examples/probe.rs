@@ -4,8 +4,8 @@
 //! `cargo run --release --example probe [-- STORE_DIR]`
 
 use burn::tensor::Tensor;
-use burn_mapped::{MappedStore, TensorEntry};
-use burn_mapped_gpu::{AdoptError, GpuDevice, Placement};
+use burn_mapped::{MappedStore, Placement, TensorEntry};
+use burn_mapped_gpu::{AdoptError, GpuDevice, Placed};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gpu = GpuDevice::open()?;
@@ -36,7 +36,7 @@ fn placement(
     gpu: &GpuDevice,
     store: &MappedStore,
     entry: &TensorEntry,
-) -> Result<Placement, AdoptError> {
+) -> Result<Placed, AdoptError> {
     let file = store.mapped(entry.name()).map_err(Box::new)?;
     let n = entry.shape().iter().product::<usize>();
     let result = if entry.dtype().is_float() {
@@ -46,9 +46,13 @@ fn placement(
         gpu.adopt_int::<1>(file, [n], entry.dtype()).map(drop)
     };
     match result {
-        Ok(()) => Ok(Placement::Mapped),
-        Err(e) if e.resident_fallback() => Ok(Placement::Resident {
-            reason: e.to_string(),
+        Ok(()) => Ok(Placed {
+            placement: Placement::Map,
+            refused: None,
+        }),
+        Err(e) if e.resident_fallback() => Ok(Placed {
+            placement: Placement::Resident,
+            refused: Some(e.to_string()),
         }),
         Err(e) => Err(e),
     }

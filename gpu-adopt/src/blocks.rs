@@ -13,7 +13,7 @@ use burn::tensor::{DType, Int, Shape, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::{MappedFile, MappedStore};
 
-use crate::device::{GpuDevice, Placement, entry, kind, lookup};
+use crate::device::{GpuDevice, Placed, entry, kind, lookup};
 use crate::error::AdoptError;
 use crate::primitive;
 
@@ -83,7 +83,7 @@ impl GpuDevice {
         name: &str,
         rows: usize,
         adopt: bool,
-    ) -> Result<Vec<(Tensor<D>, Placement)>, AdoptError> {
+    ) -> Result<Vec<(Tensor<D>, Placed)>, AdoptError> {
         let blocks = self.blocks::<D>(store, name, rows, adopt, true)?;
         Ok(typed(blocks, |block| match block {
             Block::Adopted(cube) => {
@@ -107,7 +107,7 @@ impl GpuDevice {
         name: &str,
         rows: usize,
         adopt: bool,
-    ) -> Result<Vec<(Tensor<D, Int>, Placement)>, AdoptError> {
+    ) -> Result<Vec<(Tensor<D, Int>, Placed)>, AdoptError> {
         let blocks = self.blocks::<D>(store, name, rows, adopt, false)?;
         Ok(typed(blocks, |block| match block {
             Block::Adopted(cube) => {
@@ -127,7 +127,7 @@ impl GpuDevice {
         rows: usize,
         adopt: bool,
         float: bool,
-    ) -> Result<Vec<(Block, Placement)>, AdoptError> {
+    ) -> Result<Vec<(Block, Placed)>, AdoptError> {
         let (file, shape, dtype) = lookup::<D>(store, name)?;
         kind(name, dtype, float)?;
         let parts = self.parts(name, shape, dtype, rows)?;
@@ -140,20 +140,13 @@ impl GpuDevice {
             let adopted = adopt
                 .then(|| self.cube_tensor(file, bytes.clone(), Shape::new(block_shape), dtype));
             out.push(match adopted {
-                Some(Ok(cube)) => (Block::Adopted(Box::new(cube)), Placement::Mapped),
+                Some(Ok(cube)) => (Block::Adopted(Box::new(cube)), Placed::MAPPED),
                 Some(Err(e)) if e.resident_fallback() => (
                     copy(file, bytes, block_shape, dtype),
-                    Placement::Resident {
-                        reason: self.fallback_reason(&e),
-                    },
+                    Placed::refused(self.fallback_reason(&e)),
                 ),
                 Some(Err(e)) => return Err(e),
-                None => (
-                    copy(file, bytes, block_shape, dtype),
-                    Placement::Resident {
-                        reason: "resident placement requested".into(),
-                    },
-                ),
+                None => (copy(file, bytes, block_shape, dtype), Placed::RESIDENT),
             });
         }
         Ok(out)
@@ -192,7 +185,7 @@ impl GpuDevice {
     }
 }
 
-fn typed<T>(blocks: Vec<(Block, Placement)>, make: impl Fn(Block) -> T) -> Vec<(T, Placement)> {
+fn typed<T>(blocks: Vec<(Block, Placed)>, make: impl Fn(Block) -> T) -> Vec<(T, Placed)> {
     blocks
         .into_iter()
         .map(|(block, placement)| (make(block), placement))

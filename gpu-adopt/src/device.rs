@@ -11,7 +11,7 @@ use burn_cubecl::cubecl::wgpu::{
     AutoCompiler, RuntimeOptions, WgpuDevice, WgpuServer, WgpuSetup, try_init_device, wgpu,
 };
 use burn_cubecl::tensor::CubeTensor;
-use burn_mapped::{MappedFile, MappedStore, TensorEntry};
+use burn_mapped::{MappedFile, MappedStore, Placement, TensorEntry};
 use cubecl_common::device::Device as _;
 use cubecl_common::device_handle::DeviceHandle;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
@@ -70,16 +70,38 @@ pub struct Import {
     pub vk_buffer: u64,
 }
 
-/// Where a [`GpuDevice::load_float`] / [`load_int`](GpuDevice::load_int) tensor lives.
+/// Where a [`GpuDevice::load_float`] / [`load_int`](GpuDevice::load_int) tensor lives, and
+/// why, when it is not where it was asked to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    /// Adopted: the tensor's storage is the imported file mapping.
-    Mapped,
-    /// Copied into device memory, because the import was refused (the reason, rendered).
-    Resident {
-        /// Why the import did not happen.
-        reason: String,
-    },
+pub struct Placed {
+    /// [`Placement::Map`]: the tensor's storage is the imported file mapping.
+    /// [`Placement::Resident`]: it was copied into device memory.
+    pub placement: Placement,
+    /// Why the import did not happen (rendered), for a resident tensor that was meant to be
+    /// adopted; `None` for an adopted tensor and for a resident copy that was asked for.
+    pub refused: Option<String>,
+}
+
+impl Placed {
+    /// Adopted: the storage is the imported mapping.
+    pub(crate) const MAPPED: Placed = Placed {
+        placement: Placement::Map,
+        refused: None,
+    };
+
+    /// Resident as asked.
+    pub(crate) const RESIDENT: Placed = Placed {
+        placement: Placement::Resident,
+        refused: None,
+    };
+
+    /// Resident because the import was refused, for `reason`.
+    pub(crate) fn refused(reason: String) -> Placed {
+        Placed {
+            placement: Placement::Resident,
+            refused: Some(reason),
+        }
+    }
 }
 
 /// The storage behind a tensor, as CubeCL resolves it.
@@ -279,16 +301,13 @@ impl GpuDevice {
         &self,
         store: &MappedStore,
         name: &str,
-    ) -> Result<(Tensor<D>, Placement), AdoptError> {
+    ) -> Result<(Tensor<D>, Placed), AdoptError> {
         let (file, shape, dtype) = lookup::<D>(store, name)?;
         match self.adopt_float(file, shape, dtype) {
-            Ok(t) => Ok((t, Placement::Mapped)),
+            Ok(t) => Ok((t, Placed::MAPPED)),
             Err(e) if e.resident_fallback() => {
                 let reason = self.fallback_reason(&e);
-                Ok((
-                    self.copy_float(store, name)?,
-                    Placement::Resident { reason },
-                ))
+                Ok((self.copy_float(store, name)?, Placed::refused(reason)))
             }
             Err(e) => Err(e),
         }
@@ -303,13 +322,13 @@ impl GpuDevice {
         &self,
         store: &MappedStore,
         name: &str,
-    ) -> Result<(Tensor<D, Int>, Placement), AdoptError> {
+    ) -> Result<(Tensor<D, Int>, Placed), AdoptError> {
         let (file, shape, dtype) = lookup::<D>(store, name)?;
         match self.adopt_int(file, shape, dtype) {
-            Ok(t) => Ok((t, Placement::Mapped)),
+            Ok(t) => Ok((t, Placed::MAPPED)),
             Err(e) if e.resident_fallback() => {
                 let reason = self.fallback_reason(&e);
-                Ok((self.copy_int(store, name)?, Placement::Resident { reason }))
+                Ok((self.copy_int(store, name)?, Placed::refused(reason)))
             }
             Err(e) => Err(e),
         }

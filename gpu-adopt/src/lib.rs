@@ -46,6 +46,6 @@ mod module;
 mod primitive;
 mod vulkan;
 
-pub use device::{Backing, GpuDevice, Import, Placement};
+pub use device::{Backing, GpuDevice, Import, Placed};
 pub use error::{AdoptError, DeviceError, Unavailable};
 pub use module::ModuleReport;

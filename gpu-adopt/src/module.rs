@@ -11,7 +11,9 @@ use burn::module::{Module, ModuleMapper, Param, Parameter};
 use burn::tensor::{Int, Tensor};
 use burn_mapped::MappedStore;
 
-use crate::device::{GpuDevice, Placement};
+use burn_mapped::Placement;
+
+use crate::device::{GpuDevice, Placed};
 use crate::error::AdoptError;
 
 /// Where each parameter of a loaded module ended up, by module path.
@@ -19,8 +21,9 @@ use crate::error::AdoptError;
 pub struct ModuleReport {
     /// Parameters whose storage is their file's mapping.
     pub mapped: Vec<String>,
-    /// Parameters copied into device memory, with the reason.
-    pub resident: Vec<(String, String)>,
+    /// Parameters copied into device memory, with the reason the import was refused (`None`
+    /// where a resident copy was asked for).
+    pub resident: Vec<(String, Option<String>)>,
     /// Parameters left as they were, as asked ([`GpuDevice::load_module_except`]).
     pub left: Vec<String>,
 }
@@ -102,17 +105,12 @@ struct Loader<'a> {
 }
 
 impl Loader<'_> {
-    fn record(&mut self, name: String, placement: Placement) {
-        match placement {
-            Placement::Mapped => self.report.mapped.push(name),
-            Placement::Resident { reason } => self.report.resident.push((name, reason)),
+    fn record(&mut self, name: String, placed: Placed) {
+        if placed.placement == Placement::Map {
+            self.report.mapped.push(name);
+        } else {
+            self.report.resident.push((name, placed.refused));
         }
-    }
-}
-
-fn requested_resident() -> Placement {
-    Placement::Resident {
-        reason: "resident placement requested".into(),
     }
 }
 
@@ -121,7 +119,7 @@ impl Loader<'_> {
     fn place<T: Parameter>(
         &mut self,
         param: Param<T>,
-        load: impl FnOnce(&GpuDevice, &MappedStore, &str, bool) -> Result<(T, Placement), AdoptError>,
+        load: impl FnOnce(&GpuDevice, &MappedStore, &str, bool) -> Result<(T, Placed), AdoptError>,
     ) -> Param<T> {
         if self.error.is_some() {
             return param;
@@ -132,8 +130,8 @@ impl Loader<'_> {
             return param;
         }
         match load(self.gpu, self.store, &name, self.adopt) {
-            Ok((tensor, placement)) => {
-                self.record(name, placement);
+            Ok((tensor, placed)) => {
+                self.record(name, placed);
                 let id = param.id;
                 param.transform_for_load(tensor, id)
             }
@@ -160,7 +158,7 @@ impl ModuleMapper for Loader<'_> {
                 gpu.load_float::<D>(store, name)
             } else {
                 gpu.copy_float::<D>(store, name)
-                    .map(|t| (t, requested_resident()))
+                    .map(|t| (t, Placed::RESIDENT))
             }
         })
     }
@@ -171,7 +169,7 @@ impl ModuleMapper for Loader<'_> {
                 gpu.load_int::<D>(store, name)
             } else {
                 gpu.copy_int::<D>(store, name)
-                    .map(|t| (t, requested_resident()))
+                    .map(|t| (t, Placed::RESIDENT))
             }
         })
     }

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_mapped::q8::{Q8Rows, Q8Weight, q8_linear, write_q8_rows};
-use burn_mapped::{Manifest, StoreWriter};
-use burn_mapped_gpu::{AdoptError, GpuDevice, Placement};
+use burn_mapped::{Manifest, Placement, StoreWriter};
+use burn_mapped_gpu::{AdoptError, GpuDevice};
 use common::{assert_close, digest_dir, f32_store, gpu, matmul_reference, open_strict, values};
 
 /// The device, skipping the test where there is none; fails where the device cannot import
@@ -191,10 +191,10 @@ fn the_q8_gemv_reads_mapped_int8_and_scales_in_place() {
     let store = open_strict(dir.path().join("s"));
     let before = digest_dir(&dir.path().join("s"));
 
-    let (values, placement): (Tensor<2, Int>, _) = gpu.load_int(&store, &values_name).unwrap();
-    assert_eq!(placement, Placement::Mapped);
-    let (scales, placement): (Tensor<1>, _) = gpu.load_float(&store, &scale_name).unwrap();
-    assert_eq!(placement, Placement::Mapped);
+    let (values, placed): (Tensor<2, Int>, _) = gpu.load_int(&store, &values_name).unwrap();
+    assert_eq!((placed.placement, placed.refused), (Placement::Map, None));
+    let (scales, placed): (Tensor<1>, _) = gpu.load_float(&store, &scale_name).unwrap();
+    assert_eq!((placed.placement, placed.refused), (Placement::Map, None));
     for name in [&values_name, &scale_name] {
         let import = gpu
             .live_imports()

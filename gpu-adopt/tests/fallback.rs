@@ -5,7 +5,8 @@
 mod common;
 
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_mapped_gpu::{GpuDevice, Placement, Unavailable};
+use burn_mapped::Placement;
+use burn_mapped_gpu::{GpuDevice, Unavailable};
 use common::{assert_close, digest_dir, f32_store, matmul_reference, values};
 
 fn check_fallback(gpu: &GpuDevice) {
@@ -16,9 +17,9 @@ fn check_fallback(gpu: &GpuDevice) {
     let store = f32_store(&dir.path().join("s"), &[("w", vec![k, n], &w)]);
     let before = digest_dir(&dir.path().join("s"));
 
-    let (weight, placement): (Tensor<2>, _) = gpu.load_float(&store, "w").unwrap();
-    let Placement::Resident { reason } = placement else {
-        panic!("expected a resident fallback, got {placement:?}")
+    let (weight, placed): (Tensor<2>, _) = gpu.load_float(&store, "w").unwrap();
+    let (Placement::Resident, Some(reason)) = (placed.placement, &placed.refused) else {
+        panic!("expected a resident fallback, got {placed:?}")
     };
     assert!(
         reason.contains("tensor w") && reason.contains("unavailable"),
@@ -77,7 +78,7 @@ fn a_driver_that_refuses_imports_is_reported_and_falls_back() {
             let v = values(13, 256);
             let store = f32_store(&dir.path().join("s"), &[("probe-agrees", vec![256], &v)]);
             let (t, placement): (Tensor<1>, _) = gpu.load_float(&store, "probe-agrees").unwrap();
-            assert_eq!(placement, Placement::Mapped);
+            assert_eq!(placement.placement, Placement::Map);
             assert_eq!(t.into_data().try_to_vec::<f32>().unwrap(), v);
         }
     }

@@ -21,8 +21,8 @@ mod load;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn_mapped::Placement;
 use burn_mapped::memstat::rss_self;
-use burn_mapped_gpu::Placement;
 use common::{digest_dir, importing, open_strict};
 use serde_json::Value;
 
@@ -112,7 +112,10 @@ fn the_real_q8_checkpoint_decodes_adopted_like_resident_and_the_reference() {
         if adopt {
             assert_eq!((mapped, resident), (weights, 0), "every weight adopted");
             assert!(
-                loaded.blocks.iter().all(|b| b.2 == Placement::Mapped),
+                loaded
+                    .blocks
+                    .iter()
+                    .all(|b| b.2.placement == Placement::Map),
                 "{:?}",
                 loaded.blocks
             );

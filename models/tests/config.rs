@@ -1,9 +1,7 @@
 //! Reading Hugging Face `config.json` files.
 
-mod common;
-
 use burn_mapped_models::qwen2::{ConfigError, Qwen2Config};
-use common::fixture;
+use burn_mapped_tests::tiny_qwen2::fixture;
 
 #[test]
 fn reads_a_transformers_5_config_with_rope_parameters() {

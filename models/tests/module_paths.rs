@@ -6,7 +6,8 @@ mod common;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn_mapped_models::qwen2::Qwen2Config;
-use common::{fixture, safetensors_shapes};
+use burn_mapped_tests::tiny_qwen2::fixture;
+use common::safetensors_shapes;
 
 /// Collects every float parameter's path and stored shape without initializing it.
 #[derive(Default)]

@@ -2,8 +2,6 @@
 //! by the same module paths, and computes what the float model computes on the dequantized
 //! weights (the float path itself is checked against transformers elsewhere).
 
-mod common;
-
 use std::path::Path;
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -12,7 +10,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped::q8::{dequantize_rows, quantize_rows, write_q8};
 use burn_mapped::{MappedStore, StoreWriter, TensorSpec};
 use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, argmax};
-use common::{fixture, relative_error};
+use burn_mapped_tests::tiny_qwen2::{fixture, relative_error};
 
 /// Every tensor of a float32 safetensors file: name, shape, values.
 fn read_safetensors(path: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {

@@ -5,16 +5,17 @@ mod common;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::Sampler;
-use common::{
-    check_row, load, prefill_then_cached_decode, reference, relative_error, rows, tokens,
+use burn_mapped_tests::tiny_qwen2::{
+    check_row, decode_like_transformers, reference, relative_error, rows, tokens,
 };
+use common::load;
 
 #[test]
 fn untied_prefill_and_cached_decode_match_transformers() {
     let r = reference("untied");
     let model = load("untied");
     assert!(model.lm_head.is_some());
-    prefill_then_cached_decode(&model, &r, "untied");
+    decode_like_transformers(&model, &r, "untied", |_| {});
 }
 
 #[test]
@@ -25,7 +26,7 @@ fn tied_prefill_and_cached_decode_match_transformers() {
         model.lm_head.is_none(),
         "tied config must not create lm_head"
     );
-    prefill_then_cached_decode(&model, &r, "tied");
+    decode_like_transformers(&model, &r, "tied", |_| {});
 }
 
 #[test]

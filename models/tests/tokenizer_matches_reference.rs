@@ -14,7 +14,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use burn_mapped_models::tokenizer::{DEFAULT_SYSTEM_PROMPT, Qwen2Tokenizer, chat_prompt};
-use common::gguf_meta::{TokenizerMeta, real_gguf, tokenizer_meta};
+use burn_mapped_tests::real_gguf;
+use common::gguf_meta::{TokenizerMeta, tokenizer_meta};
 use serde_json::Value;
 
 fn fixture(name: &str) -> Value {

@@ -8,7 +8,8 @@ mod common;
 use burn::module::Param;
 use burn::tensor::Tensor;
 use burn_mapped_models::qwen2::{Projection, Qwen2ForCausalLM, VocabBlocks, VocabBlocksError};
-use common::{load, prefill_then_cached_decode, reference};
+use burn_mapped_tests::tiny_qwen2::{decode_like_transformers, reference};
+use common::load;
 
 /// Uneven blocks of the fixtures' 256-row vocabulary, one of a single row.
 const SPLIT: [usize; 3] = [100, 1, 155];
@@ -55,19 +56,19 @@ fn tied_blocks_decode_like_transformers() {
     let r = reference("tied");
     // The prompt's ids fall in more than one block, so the lookup reorders gathered rows.
     assert!(r.prompt.iter().any(|&t| t < 100) && r.prompt.iter().any(|&t| t >= 101));
-    prefill_then_cached_decode(&blocked("tied", &SPLIT), &r, "tied, blocks");
+    decode_like_transformers(&blocked("tied", &SPLIT), &r, "tied, blocks", |_| {});
 }
 
 #[test]
 fn untied_blocks_decode_like_transformers() {
     let r = reference("untied");
-    prefill_then_cached_decode(&blocked("untied", &SPLIT), &r, "untied, blocks");
+    decode_like_transformers(&blocked("untied", &SPLIT), &r, "untied, blocks", |_| {});
 }
 
 #[test]
 fn one_block_is_the_whole_matrix() {
     let r = reference("tied");
-    prefill_then_cached_decode(&blocked("tied", &[256]), &r, "tied, one block");
+    decode_like_transformers(&blocked("tied", &[256]), &r, "tied, one block", |_| {});
 }
 
 #[test]

@@ -1,30 +1,20 @@
-//! Support shared by the workspace-level tests in `tests/`: where the real checkpoint is, and
-//! whether its absence skips a test or fails it.
+//! Support shared by the tests of every crate of the workspace (burn-mapped, models, tools,
+//! benches and the workspace tests in `tests/`), so that each helper exists once: the real
+//! checkpoint and its float64 reference ([`real`]), the tiny transformers fixtures
+//! ([`tiny_qwen2`]), inputs the tests write themselves ([`synthetic`]), where this process maps
+//! files ([`maps`]), where a backend keeps each parameter's bytes ([`params`], [`flex`]), and
+//! numbers computed independently of the code under test ([`numeric`]).
+//!
+//! Other crates take this package as a dev-dependency (a cycle cargo allows for integration
+//! tests, which link one copy of each crate).
 
-use std::path::PathBuf;
+pub mod flex;
+pub mod maps;
+pub mod numeric;
+pub mod params;
+pub mod real;
+pub mod synthetic;
+pub mod tiny_qwen2;
 
-use burn_mapped_tools::fetch::default_cache_dir;
-
-/// The real Qwen2.5-Coder-0.5B-Instruct GGUF: `$BURN_MAPPED_GGUF`, else the fetch cache's copy.
-///
-/// Returns `None` (after saying so on stderr) when it is absent, so a test can pass without it;
-/// with `BURN_MAPPED_REQUIRE_REAL=1` (set by CI) its absence panics instead.
-pub fn real_gguf() -> Option<PathBuf> {
-    let path = std::env::var_os("BURN_MAPPED_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| default_cache_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"));
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("BURN_MAPPED_REQUIRE_REAL").as_deref() == Ok("1") {
-        panic!(
-            "{} is missing; run `burn-mapped fetch qwen2.5-coder-0.5b`",
-            path.display()
-        );
-    }
-    eprintln!(
-        "note: {} absent; real-checkpoint test not run",
-        path.display()
-    );
-    None
-}
+pub use real::real_gguf;
+pub use synthetic::tempdir;

@@ -1,22 +1,19 @@
 //! `burn-mapped convert --dtype q8` and `inspect` through their `run` / `report` functions: the
-//! checkpoint is written here byte by byte (safetensors is an 8-byte header length, a JSON
-//! header, then the data), and the stored int8 values and f16 scales are read back from the
-//! tensor files with plain `std::fs::read`; the quantization error is recomputed here in f64.
+//! checkpoint is written here with the `safetensors` crate, and the stored int8 values and f16
+//! scales are read back from the tensor files with plain `std::fs::read`; the quantization error
+//! is recomputed here in f64.
 
 use std::path::Path;
 
 use burn_mapped::Manifest;
+use burn_mapped_tests::numeric::{f16_value, f32_le_bytes};
+use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
+use burn_mapped_tests::tempdir;
 use burn_mapped_tools::cli::convert::{self, ConvertArgs};
 use burn_mapped_tools::cli::generate::parse_store_dtype;
 use burn_mapped_tools::cli::inspect;
 use burn_mapped_tools::qwen::StoreDType;
-
-fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("burn-mapped-q8-cli")
-        .tempdir()
-        .unwrap()
-}
+use safetensors::Dtype;
 
 /// Deterministic values of varied sign and magnitude, never zero.
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -34,36 +31,15 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Writes f32 tensors as a safetensors file.
-fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
-    let mut header = String::from("{");
-    let mut data = Vec::new();
-    for (i, (name, shape, values)) in tensors.iter().enumerate() {
-        let start = data.len();
-        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-        let shape: Vec<String> = shape.iter().map(usize::to_string).collect();
-        header += &format!(
-            r#"{}"{name}":{{"dtype":"F32","shape":[{}],"data_offsets":[{start},{}]}}"#,
-            if i == 0 { "" } else { "," },
-            shape.join(","),
-            data.len()
-        );
-    }
-    header.push('}');
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend(header.as_bytes());
-    bytes.extend(data);
-    std::fs::write(path, bytes).unwrap();
-}
-
-/// binary16 from its bits.
-fn f16_value(bits: u16) -> f64 {
-    let sign = if bits >> 15 == 1 { -1.0 } else { 1.0 };
-    let exp = i32::from((bits >> 10) & 0x1f);
-    let frac = f64::from(bits & 0x3ff);
-    match exp {
-        0 => sign * frac * 2f64.powi(-24),
-        e => sign * (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
-    }
+fn write_f32_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+    let raw: Vec<RawTensor<&str>> = tensors
+        .iter()
+        .map(|(name, shape, values)| {
+            let bytes = f32_le_bytes(values.iter().copied());
+            (*name, Dtype::F32, shape.clone(), bytes)
+        })
+        .collect();
+    write_safetensors(path, &raw, None);
 }
 
 /// `||W - s q||_F / ||W||_F` from the store's files, read without the crate's store reader.
@@ -110,7 +86,7 @@ fn convert_q8_then_inspect_reports_each_error_and_the_worst_and_mean() {
         ("model.norm.weight", vec![16], values(16, 5)),
         ("lm_head.weight", vec![40, 16], values(640, 6)),
     ];
-    write_safetensors(&input, &tensors);
+    write_f32_safetensors(&input, &tensors);
     let out = tmp.path().join("store");
     convert::run(&ConvertArgs {
         input: input.clone(),
@@ -182,7 +158,7 @@ fn convert_q8_then_inspect_reports_each_error_and_the_worst_and_mean() {
 fn a_float_store_reports_no_quantization() {
     let tmp = tempdir();
     let input = tmp.path().join("model.safetensors");
-    write_safetensors(&input, &[("lm_head.weight", vec![4, 4], values(16, 7))]);
+    write_f32_safetensors(&input, &[("lm_head.weight", vec![4, 4], values(16, 7))]);
     let out = tmp.path().join("store");
     convert::run(&ConvertArgs {
         input,

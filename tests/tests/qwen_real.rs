@@ -7,32 +7,16 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{Sampler, argmax};
-use burn_mapped_models::tokenizer::chat_prompt;
+use burn_mapped_tests::real::{real_first_logits_prompt0, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
 use burn_mapped_tools::qwen;
-use serde_json::Value;
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../models/tests/fixtures/qwen25_real"
-);
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 #[test]
 fn greedy_tokens_and_first_logits_match_the_float64_reference() {
     let Some(gguf) = burn_mapped_tests::real_gguf() else {
         return;
     };
-    let reference: Value =
-        serde_json::from_slice(&std::fs::read(format!("{FIXTURE}/reference.json")).unwrap())
-            .unwrap();
+    let reference = real_reference();
     let cache = default_cache_dir();
     let paths = qwen::resolve(gguf.to_str().unwrap(), DType::F32, &cache, None).unwrap();
     let before = burn_mapped::MappedStore::open(&paths.store)
@@ -45,15 +29,11 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
 
     let mut table = Vec::new();
     let mut logits0 = Vec::new();
-    for (i, p) in reference["prompts"].as_array().unwrap().iter().enumerate() {
-        let text = if p["is_chat"].as_bool().unwrap() {
-            chat_prompt(None, p["user_message"].as_str().unwrap())
-        } else {
-            p["text"].as_str().unwrap().to_string()
-        };
-        assert_eq!(text, p["text"].as_str().unwrap(), "prompt {i} text");
+    for (i, p) in reference.iter().enumerate() {
+        let text = p.built_text();
+        assert_eq!(text, p.text, "prompt {i} text");
         let prompt_ids = tokenizer.encode(&text).unwrap();
-        assert_eq!(prompt_ids, ids(&p["prompt_ids"]), "prompt {i} tokenization");
+        assert_eq!(prompt_ids, p.prompt_ids, "prompt {i} tokenization");
 
         // First-position logits after prefill.
         let mut cache = loaded.model.new_cache(1, prompt_ids.len() + 40);
@@ -62,22 +42,8 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
             Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt_ids.len()]), &device);
         let logits = loaded.model.forward_last(tokens, &mut cache).unwrap();
         let logits: Vec<f32> = logits.into_data().convert::<f32>().try_to_vec().unwrap();
-        let first = &p["first_logits"];
-        let max_abs = first["max_abs"].as_f64().unwrap();
-        let mut worst = 0f64;
-        for (idx, val) in first["top_indices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(first["top_values_f32"].as_array().unwrap())
-        {
-            let got = logits[idx.as_u64().unwrap() as usize] as f64;
-            worst = worst.max((got - val.as_f64().unwrap()).abs() / max_abs);
-        }
-        assert_eq!(
-            argmax(&logits).unwrap() as u64,
-            first["argmax"].as_u64().unwrap()
-        );
+        let worst = p.first.top_error(&logits);
+        assert_eq!(argmax(&logits).unwrap(), p.first.argmax);
         if i == 0 {
             logits0 = logits.clone();
         }
@@ -91,27 +57,23 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
             .model
             .generate(&prompt_ids, 32, &mut Sampler::greedy(), &[])
             .unwrap();
-        let want = ids(&p["generated_ids"]);
+        let want = &p.generated_ids;
         let agree = generated
             .iter()
-            .zip(&want)
+            .zip(want)
             .take_while(|(a, b)| a == b)
             .count();
         table.push(format!(
             "prompt {i}: {agree}/32 tokens agree, first-logit rel err {worst:.2e}, min margin {:.3}",
-            p["min_margin"].as_f64().unwrap()
+            p.min_margin
         ));
-        assert_eq!(generated, want, "prompt {i}: greedy tokens");
+        assert_eq!(&generated, want, "prompt {i}: greedy tokens");
     }
     for line in table {
         println!("{line}");
     }
     // Full first-position logits of prompt 0.
-    let full: Vec<f32> = std::fs::read(format!("{FIXTURE}/first_logits_prompt0.f32"))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let full = real_first_logits_prompt0();
     assert_eq!(full.len(), logits0.len());
     let max_abs = full.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
     let worst = full

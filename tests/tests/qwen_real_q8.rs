@@ -17,15 +17,9 @@ use std::time::Instant;
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{Sampler, argmax};
-use burn_mapped_models::tokenizer::chat_prompt;
+use burn_mapped_tests::real::{real_first_logits_prompt0, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
 use burn_mapped_tools::qwen::{self, LoadedQwen, StoreDType};
-use serde_json::Value;
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../models/tests/fixtures/qwen25_real"
-);
 
 /// Greedy tokens decoded per prompt.
 const NEW_TOKENS: usize = 64;
@@ -39,14 +33,6 @@ const NEW_TOKENS: usize = 64;
 /// gives errors of order 1.
 const LOGIT_BOUND: f64 = 5e-2;
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn first_logits(model: &LoadedQwen, prompt: &[u32], device: &Device) -> Vec<f32> {
     let mut cache = model.model.new_cache(1, prompt.len() + 1);
     let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
@@ -55,27 +41,12 @@ fn first_logits(model: &LoadedQwen, prompt: &[u32], device: &Device) -> Vec<f32>
     logits.into_data().convert::<f32>().try_to_vec().unwrap()
 }
 
-/// `max |got - ref| / max |ref|` over the reference's stored top logits.
-fn top_error(got: &[f32], first: &Value) -> f64 {
-    let max_abs = first["max_abs"].as_f64().unwrap();
-    first["top_indices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(first["top_values_f32"].as_array().unwrap())
-        .map(|(i, v)| (f64::from(got[i.as_u64().unwrap() as usize]) - v.as_f64().unwrap()).abs())
-        .fold(0f64, f64::max)
-        / max_abs
-}
-
 #[test]
 fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
     let Some(gguf) = burn_mapped_tests::real_gguf() else {
         return;
     };
-    let reference: Value =
-        serde_json::from_slice(&std::fs::read(format!("{FIXTURE}/reference.json")).unwrap())
-            .unwrap();
+    let reference = real_reference();
     let cache = default_cache_dir();
     let gguf = gguf.to_str().unwrap();
     let start = Instant::now();
@@ -126,25 +97,18 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
     )];
     let mut logits0 = Vec::new();
     let mut failures = Vec::new();
-    for (i, p) in reference["prompts"].as_array().unwrap().iter().enumerate() {
-        let text = if p["is_chat"].as_bool().unwrap() {
-            chat_prompt(None, p["user_message"].as_str().unwrap())
-        } else {
-            p["text"].as_str().unwrap().to_string()
-        };
-        let prompt = tokenizer.encode(&text).unwrap();
-        assert_eq!(prompt, ids(&p["prompt_ids"]), "prompt {i} tokenization");
+    for (i, p) in reference.iter().enumerate() {
+        let prompt = tokenizer.encode(&p.built_text()).unwrap();
+        assert_eq!(prompt, p.prompt_ids, "prompt {i} tokenization");
 
-        let first = &p["first_logits"];
         let q8_logits = first_logits(&q8, &prompt, &device);
         let f32_logits = first_logits(&f32, &prompt, &device);
-        let q8_err = top_error(&q8_logits, first);
-        let f32_err = top_error(&f32_logits, first);
-        let top = first["top_values_f32"].as_array().unwrap();
-        let margin = top[0].as_f64().unwrap() - top[1].as_f64().unwrap();
-        let max_abs = first["max_abs"].as_f64().unwrap();
-        let q8_top1 = argmax(&q8_logits).unwrap() as u64;
-        let ref_top1 = first["argmax"].as_u64().unwrap();
+        let q8_err = p.first.top_error(&q8_logits);
+        let f32_err = p.first.top_error(&f32_logits);
+        let margin = p.first.margin();
+        let max_abs = p.first.max_abs;
+        let q8_top1 = argmax(&q8_logits).unwrap();
+        let ref_top1 = p.first.argmax;
         if q8_err >= LOGIT_BOUND {
             failures.push(format!(
                 "prompt {i}: q8 first-position logit error {q8_err:.3e}"
@@ -170,7 +134,7 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
             .generate(&prompt, NEW_TOKENS, &mut Sampler::greedy(), &[])
             .unwrap();
         assert_eq!((q8_ids.len(), f32_ids.len()), (NEW_TOKENS, NEW_TOKENS));
-        let want = ids(&p["generated_ids"]);
+        let want = &p.generated_ids;
         assert_eq!(
             f32_ids[..want.len()],
             want[..],
@@ -182,7 +146,7 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
             .take_while(|(a, b)| a == b)
             .count();
         let same = q8_ids.iter().zip(&f32_ids).filter(|(a, b)| a == b).count();
-        let vs_ref = q8_ids.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        let vs_ref = q8_ids.iter().zip(want).take_while(|(a, b)| a == b).count();
         table.push(format!(
             "{i:<7} {q8_err:>11.3e} {f32_err:>11.3e} {:>9} {margin:>10.3} {:>10} {:>11} {:>9}",
             if q8_top1 == ref_top1 {
@@ -206,11 +170,7 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
         println!("{line}");
     }
 
-    let full: Vec<f32> = std::fs::read(format!("{FIXTURE}/first_logits_prompt0.f32"))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let full = real_first_logits_prompt0();
     assert_eq!(full.len(), logits0.len());
     let max_abs = full.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
     let (mut diff2, mut norm2, mut worst_abs) = (0f64, 0f64, 0f64);

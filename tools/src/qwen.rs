@@ -91,7 +91,7 @@ pub enum StoreDType {
     /// Every tensor in one float type (f32, f16 or bf16).
     Float(DType),
     /// The projections and LM head as q8 matrices
-    /// ([`is_projection_weight`](burn_mapped::q8::is_projection_weight)), everything else
+    /// ([`is_projection_weight`]), everything else
     /// (embedding, norms, biases) f32.
     Q8,
 }

@@ -19,6 +19,7 @@
 
 use std::fmt;
 
+use burn_mapped::Placement;
 use serde::{Deserialize, Serialize};
 
 /// The paper's tie band: map is preferred when its path time is within 5% of the fastest endpoint.
@@ -26,39 +27,6 @@ pub const DEFAULT_THETA: f64 = 0.05;
 
 /// Bytes per gigabyte in the GB/s rates (decimal, as the paper reports them).
 const BYTES_PER_GB: f64 = 1e9;
-
-/// One way for a device to reach the weight bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Endpoint {
-    /// Read the mapped file pages in place.
-    Map,
-    /// Copy once into device-owned storage and read from there.
-    Resident,
-    /// Stage the bytes into device storage before every use.
-    PerUseCopy,
-}
-
-impl Endpoint {
-    /// All endpoints, in the order used for reports and for breaking exact ties
-    /// (fewest owned copies first).
-    pub const ALL: [Endpoint; 3] = [Endpoint::Map, Endpoint::Resident, Endpoint::PerUseCopy];
-
-    /// Short human label, as used in tables.
-    pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Map => "map",
-            Endpoint::Resident => "resident",
-            Endpoint::PerUseCopy => "per-use copy",
-        }
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
 
 /// What a probe learned about one endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -110,11 +78,11 @@ pub struct SelectInput {
 }
 
 impl SelectInput {
-    fn arm(&self, endpoint: Endpoint) -> &ArmRate {
+    fn arm(&self, endpoint: Placement) -> &ArmRate {
         match endpoint {
-            Endpoint::Map => &self.map,
-            Endpoint::Resident => &self.resident,
-            Endpoint::PerUseCopy => &self.per_use_copy,
+            Placement::Map => &self.map,
+            Placement::Resident => &self.resident,
+            Placement::PerUseCopy => &self.per_use_copy,
         }
     }
 }
@@ -160,7 +128,7 @@ impl fmt::Display for DropReason {
 /// The rule's per-endpoint findings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ArmVerdict {
-    pub endpoint: Endpoint,
+    pub endpoint: Placement,
     /// Measured rate, if the arm ran.
     pub gbps: Option<f64>,
     /// `W / rate` in seconds, if the arm ran.
@@ -180,17 +148,17 @@ pub enum Basis {
     Fastest,
     /// Step 4: map was chosen although `fastest` was quicker, by the relative path-time `gap`
     /// (`t_map / t_fastest - 1`), because `gap <= theta`.
-    TieBand { fastest: Endpoint, gap: f64 },
+    TieBand { fastest: Placement, gap: f64 },
 }
 
 /// The rule's result: the chosen endpoint and the evidence behind it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
-    pub chosen: Endpoint,
+    pub chosen: Placement,
     pub basis: Basis,
     pub theta: f64,
     pub working_set_bytes: u64,
-    /// One entry per endpoint, in [`Endpoint::ALL`] order.
+    /// One entry per endpoint, in [`Placement::ALL`] order.
     pub arms: Vec<ArmVerdict>,
     /// One-paragraph account for people.
     pub explanation: String,
@@ -198,7 +166,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// The findings for one endpoint (`None` only for a hand-edited verdict that omits it).
-    pub fn arm(&self, endpoint: Endpoint) -> Option<&ArmVerdict> {
+    pub fn arm(&self, endpoint: Placement) -> Option<&ArmVerdict> {
         self.arms.iter().find(|a| a.endpoint == endpoint)
     }
 }
@@ -209,16 +177,16 @@ pub enum SelectError {
     #[error("the working set is 0 bytes; the rule needs the weight bytes read per token")]
     EmptyWorkingSet,
     #[error("the {endpoint} rate {gbps} GB/s is not a finite number above 0")]
-    InvalidRate { endpoint: Endpoint, gbps: f64 },
+    InvalidRate { endpoint: Placement, gbps: f64 },
     #[error("theta {theta} is not a finite number >= 0")]
     InvalidTheta { theta: f64 },
     #[error("no endpoint remains to serve the weights: {}", describe_drops(.dropped))]
     NoEndpointRemains {
-        dropped: Vec<(Endpoint, DropReason)>,
+        dropped: Vec<(Placement, DropReason)>,
     },
 }
 
-fn describe_drops(dropped: &[(Endpoint, DropReason)]) -> String {
+fn describe_drops(dropped: &[(Placement, DropReason)]) -> String {
     dropped
         .iter()
         .map(|(e, r)| format!("{e} ({r})"))
@@ -238,7 +206,7 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
     if !theta.is_finite() || theta < 0.0 {
         return Err(SelectError::InvalidTheta { theta });
     }
-    for endpoint in Endpoint::ALL {
+    for endpoint in Placement::ALL {
         if let Some(gbps) = input.arm(endpoint).gbps()
             && !(gbps.is_finite() && gbps > 0.0)
         {
@@ -247,7 +215,7 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
     }
 
     let w = input.working_set_bytes;
-    let mut arms: Vec<ArmVerdict> = Endpoint::ALL
+    let mut arms: Vec<ArmVerdict> = Placement::ALL
         .iter()
         .map(|&endpoint| {
             let gbps = input.arm(endpoint).gbps();
@@ -262,7 +230,7 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
 
     // Step 1: the storage-bound stop comes before any comparison.
     if !input.mapping_stays_resident {
-        for arm in arms.iter_mut().filter(|a| a.endpoint != Endpoint::Map) {
+        for arm in arms.iter_mut().filter(|a| a.endpoint != Placement::Map) {
             arm.dropped.get_or_insert(DropReason::StorageBound);
         }
         let explanation = format!(
@@ -272,7 +240,7 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
             describe_dropped_arms(&arms)
         );
         return Ok(Verdict {
-            chosen: Endpoint::Map,
+            chosen: Placement::Map,
             basis: Basis::StorageBound,
             theta,
             working_set_bytes: w,
@@ -293,13 +261,13 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
         });
     };
     let t_map = remaining()
-        .find(|(e, _)| *e == Endpoint::Map)
+        .find(|(e, _)| *e == Placement::Map)
         .map(|(_, t)| t);
 
     // Step 4: the tie band, stated on path times exactly as the paper does.
     let pct = |x: f64| format!("{:.2}%", x * 100.0);
     let (chosen, basis, head) = match t_map {
-        Some(t_map) if fastest != Endpoint::Map && t_map <= (1.0 + theta) * t_best => {
+        Some(t_map) if fastest != Placement::Map && t_map <= (1.0 + theta) * t_best => {
             let gap = t_map / t_best - 1.0;
             let head = format!(
                 "map: {fastest} is faster by {}, inside the tie band theta = {}; map keeps one \
@@ -307,11 +275,11 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
                 pct(gap),
                 pct(theta)
             );
-            (Endpoint::Map, Basis::TieBand { fastest, gap }, head)
+            (Placement::Map, Basis::TieBand { fastest, gap }, head)
         }
         _ => {
             let mut head = format!("{fastest}: shortest path time, {t_best:.4} s per pass over W.");
-            if let Some(t_map) = t_map.filter(|_| fastest != Endpoint::Map) {
+            if let Some(t_map) = t_map.filter(|_| fastest != Placement::Map) {
                 head.push_str(&format!(
                     " Map is slower by {}, outside the tie band theta = {}.",
                     pct(t_map / t_best - 1.0),
@@ -334,13 +302,13 @@ pub fn select(input: &SelectInput, theta: f64) -> Result<Verdict, SelectError> {
 }
 
 /// Step 2 plus arms that could not run; the first applicable reason wins.
-fn drop_reason(input: &SelectInput, endpoint: Endpoint) -> Option<DropReason> {
+fn drop_reason(input: &SelectInput, endpoint: Placement) -> Option<DropReason> {
     if let ArmRate::Unavailable { reason } = input.arm(endpoint) {
         return Some(DropReason::Unavailable {
             reason: reason.clone(),
         });
     }
-    if endpoint != Endpoint::Resident {
+    if endpoint != Placement::Resident {
         return None;
     }
     match input.resident_capacity_bytes {
@@ -353,7 +321,7 @@ fn drop_reason(input: &SelectInput, endpoint: Endpoint) -> Option<DropReason> {
     }
 }
 
-fn dropped_arms(arms: &[ArmVerdict]) -> Vec<(Endpoint, DropReason)> {
+fn dropped_arms(arms: &[ArmVerdict]) -> Vec<(Placement, DropReason)> {
     arms.iter()
         .filter_map(|a| a.dropped.clone().map(|r| (a.endpoint, r)))
         .collect()

@@ -8,37 +8,28 @@ use burn::store::burn_pack;
 use burn::tensor::DType;
 use burn_mapped::StoreError;
 use burn_mapped::convert::CastTo;
+use burn_mapped_tests::numeric::f32_le_bytes;
+use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
+use burn_mapped_tests::tempdir;
 use burn_mapped_tools::cli::convert::{self, ConvertArgs, InputKind};
 use burn_mapped_tools::cli::inspect::{self, InspectArgs};
 use burn_mapped_tools::cli::verify::{self, VerifyArgs};
 use safetensors::Dtype;
-use safetensors::tensor::TensorView;
-
-fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("burn-mapped-cli")
-        .tempdir()
-        .unwrap()
-}
-
-fn f32_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
-    values.into_iter().flat_map(f32::to_le_bytes).collect()
-}
 
 /// A small checkpoint: two f32 matrices, an i64 vector, a bool mask.
-fn write_checkpoint(path: &Path) -> Vec<(&'static str, Dtype, Vec<usize>, Vec<u8>)> {
+fn write_checkpoint(path: &Path) -> Vec<RawTensor<&'static str>> {
     let tensors = vec![
         (
             "layers.0.weight",
             Dtype::F32,
             vec![4, 3],
-            f32_bytes((0..12).map(|i| i as f32 * 0.5)),
+            f32_le_bytes((0..12).map(|i| i as f32 * 0.5)),
         ),
         (
             "layers.1.weight",
             Dtype::F32,
             vec![2, 4],
-            f32_bytes((0..8).map(|i| 1.0 - i as f32)),
+            f32_le_bytes((0..8).map(|i| 1.0 - i as f32)),
         ),
         (
             "positions",
@@ -48,11 +39,7 @@ fn write_checkpoint(path: &Path) -> Vec<(&'static str, Dtype, Vec<usize>, Vec<u8
         ),
         ("mask", Dtype::BOOL, vec![4], vec![1, 0, 0, 1]),
     ];
-    let views: Vec<(&str, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
+    write_safetensors(path, &tensors, None);
     tensors
 }
 
@@ -170,7 +157,7 @@ fn convert_with_dtype_casts_floats_and_keeps_integers() {
 fn convert_reads_a_burnpack_and_keeps_param_ids() {
     let tmp = tempdir();
     let input = tmp.path().join("model.bpk");
-    let data = f32_bytes([1.0, 2.0, 3.0, 4.0]);
+    let data = f32_le_bytes([1.0, 2.0, 3.0, 4.0]);
     burn_pack::Writer::new(vec![burn_pack::Tensor::new(
         "w".into(),
         DType::F32,
@@ -241,12 +228,11 @@ fn a_truncated_gguf_input_is_an_error_naming_the_file_and_writes_nothing() {
 fn convert_errors_name_the_input_file_and_tensor() {
     let tmp = tempdir();
     let input = tmp.path().join("fp8.safetensors");
-    let data = vec![0u8; 4];
-    let views = vec![(
-        "scales",
-        TensorView::new(Dtype::F8_E4M3, vec![4], &data).unwrap(),
-    )];
-    safetensors::serialize_to_file(views, None, &input).unwrap();
+    write_safetensors(
+        &input,
+        &[("scales", Dtype::F8_E4M3, vec![4], vec![0u8; 4])],
+        None,
+    );
     let err = convert::run(&convert_args(&input, &tmp.path().join("s"), None)).unwrap_err();
     let text = format!("{err:#}");
     assert!(

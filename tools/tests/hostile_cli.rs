@@ -6,15 +6,15 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use burn_mapped::{MANIFEST_FILE, StoreWriter, StrictMode, TensorSpec};
+use burn_mapped_tests::synthetic::write_safetensors;
 use burn_mapped_tools::cli::convert::{self, ConvertArgs};
 use burn_mapped_tools::cli::generate::{check_context, sampler_for};
 use burn_mapped_tools::cli::inspect;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::Dtype;
 
 fn checkpoint(path: &Path) {
     let bytes: Vec<u8> = (0..16u8).collect();
-    let view = TensorView::new(Dtype::F32, vec![2, 2], &bytes).unwrap();
-    safetensors::serialize_to_file(vec![("w", view)], None, path).unwrap();
+    write_safetensors(path, &[("w", Dtype::F32, vec![2, 2], bytes)], None);
 }
 
 fn args(input: &Path, out: &Path, force: bool) -> ConvertArgs {

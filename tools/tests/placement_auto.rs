@@ -8,12 +8,11 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use burn_mapped::Placement;
+use burn_mapped_tools::auto::{AutoOptions, PlacementChoice, ProbeOrigin, decide};
 use burn_mapped_tools::device::DeviceArg;
-use burn_mapped_tools::placement::{
-    AutoOptions, Lookup, Placement, ProbeCache, ProbeKey, ProbeOrigin, decide, placement_for,
-    store_fingerprint,
-};
 use burn_mapped_tools::probe::{CpuProbeConfig, probe_cpu, tensor_files_in};
+use burn_mapped_tools::probe_cache::{Lookup, ProbeCache, ProbeKey, store_fingerprint};
 
 fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
@@ -69,7 +68,7 @@ fn a_second_decision_reuses_the_cached_probe_until_it_expires() {
     };
     let entry = cached_at.clone().expect("the probe is cached");
     assert!(entry.starts_with(&cache_dir));
-    assert_eq!(first.placement, placement_for(first.verdict.chosen));
+    assert_eq!(first.placement, first.verdict.chosen);
 
     // Within max_age: the same report, not a new probe.
     let second = decide(&store, DeviceArg::Cpu, &opts, at(3600)).unwrap();
@@ -202,22 +201,19 @@ fn refresh_and_no_cache_always_probe() {
 }
 
 #[test]
-fn placement_names_round_trip() {
-    for p in [
-        Placement::Map,
-        Placement::Resident,
-        Placement::PerUseCopy,
-        Placement::Auto,
-    ] {
-        assert_eq!(p.name().parse::<Placement>(), Ok(p));
+fn placement_choice_names_round_trip() {
+    let fixed = Placement::ALL.map(PlacementChoice::Fixed);
+    for choice in [PlacementChoice::Auto].into_iter().chain(fixed) {
+        assert_eq!(choice.name().parse::<PlacementChoice>(), Ok(choice));
     }
-    assert_eq!(Placement::default(), Placement::Auto);
-    assert_eq!(Placement::Auto.fixed(), None);
+    assert_eq!(PlacementChoice::default(), PlacementChoice::Auto);
+    assert_eq!(PlacementChoice::Auto.fixed(), None);
     assert_eq!(
-        Placement::Resident.fixed(),
-        Some(burn_mapped::Placement::Resident)
+        PlacementChoice::Fixed(Placement::Resident).fixed(),
+        Some(Placement::Resident)
     );
-    assert!("streaming".parse::<Placement>().is_err());
+    let err = "streaming".parse::<PlacementChoice>().unwrap_err();
+    assert!(err.to_string().ends_with("or auto"), "{err}");
 }
 
 /// An entry that parses but that the rule refuses (every rate zero) costs a fresh probe and a

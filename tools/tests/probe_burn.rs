@@ -1,31 +1,12 @@
 //! The Burn-device probe on Flex: every arm runs over all of W and reads what a plain
 //! word-by-word sum says the files hold. No timing is asserted.
 
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use burn::tensor::Device;
+use burn_mapped_tests::synthetic::{pattern, write_file};
 use burn_mapped_tools::probe::burn_device::{BurnProbeConfig, probe_on};
 use burn_mapped_tools::select::ArmRate;
-
-fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.join(name);
-    File::create(&path).unwrap().write_all(bytes).unwrap();
-    path
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (state >> 56) as u8
-        })
-        .collect()
-}
 
 /// Each file's little-endian i32 words summed with wrap-around (Burn's integer sum keeps the
 /// input's 32 bits), sign-extended, then added across files with wrap-around.
@@ -51,7 +32,7 @@ fn every_arm_reads_all_words_of_every_file_on_flex() {
     let paths: Vec<PathBuf> = contents
         .iter()
         .enumerate()
-        .map(|(i, c)| write(tmp.path(), &format!("{i}.tensor"), c))
+        .map(|(i, c)| write_file(tmp.path(), &format!("{i}.tensor"), c))
         .collect();
     let config = BurnProbeConfig {
         warmup_passes: 1,
@@ -85,7 +66,7 @@ fn every_arm_reads_all_words_of_every_file_on_flex() {
 #[test]
 fn rejects_zero_passes_and_wordless_files() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let tiny = write(tmp.path(), "tiny", &[1, 2, 3]);
+    let tiny = write_file(tmp.path(), "tiny", &[1, 2, 3]);
     let zero = BurnProbeConfig {
         warmup_passes: 1,
         passes: 0,

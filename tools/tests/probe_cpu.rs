@@ -2,10 +2,10 @@
 //! reference), and reports page-cache residency. No timing is asserted.
 
 use std::fs::File;
-use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
+use burn_mapped_tests::synthetic::{pattern, write_file};
 use burn_mapped_tools::probe::cpu::sum_words;
 use burn_mapped_tools::probe::{
     CpuProbeConfig, ProbeError, file_residency, probe_cpu, tensor_files_in,
@@ -20,29 +20,9 @@ fn reference_sum(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Deterministic, non-repeating bytes (a 64-bit LCG).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (state >> 56) as u8
-        })
-        .collect()
-}
-
 /// A temp dir on the target directory's file system (a real disk in CI, unlike a tmpfs /tmp).
 fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
-
-fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = dir.join(name);
-    let mut file = File::create(&path).unwrap();
-    file.write_all(bytes).unwrap();
-    path
 }
 
 fn small_config() -> CpuProbeConfig {
@@ -79,7 +59,7 @@ fn probe_reads_every_byte_of_every_file_through_all_three_arms() {
     let paths: Vec<PathBuf> = contents
         .iter()
         .enumerate()
-        .map(|(i, c)| write(dir.path(), &format!("t{i}.bin"), c))
+        .map(|(i, c)| write_file(dir.path(), &format!("t{i}.bin"), c))
         .collect();
 
     let report = probe_cpu(&paths, &small_config()).unwrap();
@@ -132,7 +112,7 @@ fn an_evicted_file_shows_partial_residency_until_the_probe_reads_it() {
     use std::os::fd::AsRawFd;
 
     let dir = scratch();
-    let path = write(dir.path(), "cold.bin", &pattern(4 << 20, 5));
+    let path = write_file(dir.path(), "cold.bin", &pattern(4 << 20, 5));
     let file = File::open(&path).unwrap();
     file.sync_all().unwrap(); // dirty pages cannot be dropped
     // SAFETY: the descriptor is open for the whole call; fadvise only gives the kernel a hint.
@@ -154,9 +134,9 @@ fn an_evicted_file_shows_partial_residency_until_the_probe_reads_it() {
 #[test]
 fn tensor_files_are_every_regular_file_but_the_manifest() {
     let dir = scratch();
-    write(dir.path(), "manifest.json", b"{}");
-    let b = write(dir.path(), "b.bin", b"b");
-    let a = write(dir.path(), "a.bin", b"a");
+    write_file(dir.path(), "manifest.json", b"{}");
+    let b = write_file(dir.path(), "b.bin", b"b");
+    let a = write_file(dir.path(), "a.bin", b"a");
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     assert_eq!(tensor_files_in(dir.path()).unwrap(), vec![a, b]);
 }
@@ -168,7 +148,7 @@ fn rejects_an_empty_file_set() {
         Err(ProbeError::NoFiles)
     ));
     let dir = scratch();
-    let empty = write(dir.path(), "empty.bin", b"");
+    let empty = write_file(dir.path(), "empty.bin", b"");
     assert!(matches!(
         probe_cpu(&[empty], &small_config()),
         Err(ProbeError::EmptyWorkingSet { count: 1 })
@@ -187,7 +167,7 @@ fn rejects_a_missing_file_naming_it() {
 #[test]
 fn rejects_invalid_settings() {
     let dir = scratch();
-    let path = write(dir.path(), "x.bin", &pattern(100, 6));
+    let path = write_file(dir.path(), "x.bin", &pattern(100, 6));
     let paths = [path];
     let cases = [
         (

@@ -1,8 +1,9 @@
 //! The rule must reproduce the paper's own verdicts (Table 12 and §8.2) from the paper's own numbers;
 //! those verdicts are the outside reference here, not this crate's code.
 
+use burn_mapped::Placement;
 use burn_mapped_tools::select::{
-    ArmRate, Basis, DEFAULT_THETA, DropReason, Endpoint, SelectError, SelectInput, Verdict, select,
+    ArmRate, Basis, DEFAULT_THETA, DropReason, SelectError, SelectInput, Verdict, select,
 };
 
 const GB: u64 = 1_000_000_000;
@@ -82,27 +83,27 @@ fn verdict(input: &SelectInput, theta: f64) -> Verdict {
     select(input, theta).unwrap_or_else(|e| panic!("rule refused {input:?}: {e}"))
 }
 
-fn table_12() -> [(&'static str, SelectInput, Endpoint); 4] {
+fn table_12() -> [(&'static str, SelectInput, Placement); 4] {
     [
-        ("M5 Max", m5_max(), Endpoint::Map),
-        ("APU", apu(), Endpoint::Map),
-        ("GH200", gh200(), Endpoint::Map),
-        ("RTX 5070 Ti", rtx_5070_ti(), Endpoint::Resident),
+        ("M5 Max", m5_max(), Placement::Map),
+        ("APU", apu(), Placement::Map),
+        ("GH200", gh200(), Placement::Map),
+        ("RTX 5070 Ti", rtx_5070_ti(), Placement::Resident),
     ]
 }
 
 #[test]
 fn m5_max_selects_map_by_the_tie_band() {
     let v = verdict(&m5_max(), DEFAULT_THETA);
-    assert_eq!(v.chosen, Endpoint::Map);
+    assert_eq!(v.chosen, Placement::Map);
     let Basis::TieBand { fastest, gap } = v.basis else {
         panic!("expected the tie band, got {:?}", v.basis);
     };
-    assert_eq!(fastest, Endpoint::Resident);
+    assert_eq!(fastest, Placement::Resident);
     // 517.8 / 516.2 - 1, computed by hand: 0.31%.
     assert!((gap - 0.003_099_57).abs() < 1e-6, "gap {gap}");
     // Path time W / B: 56.7 GB at 516.2 GB/s is 0.10984 s.
-    let t_map = v.arm(Endpoint::Map).unwrap().path_seconds.unwrap();
+    let t_map = v.arm(Placement::Map).unwrap().path_seconds.unwrap();
     assert!((t_map - 0.109_841).abs() < 1e-5, "t_map {t_map}");
     assert!(v.arms.iter().all(|a| a.dropped.is_none()));
 }
@@ -110,15 +111,15 @@ fn m5_max_selects_map_by_the_tie_band() {
 #[test]
 fn apu_selects_map_because_it_is_fastest() {
     let v = verdict(&apu(), DEFAULT_THETA);
-    assert_eq!((v.chosen, &v.basis), (Endpoint::Map, &Basis::Fastest));
+    assert_eq!((v.chosen, &v.basis), (Placement::Map, &Basis::Fastest));
 }
 
 #[test]
 fn gh200_drops_resident_for_capacity_and_ties_map_with_streaming() {
     let v = verdict(&gh200(), DEFAULT_THETA);
-    assert_eq!(v.chosen, Endpoint::Map);
+    assert_eq!(v.chosen, Placement::Map);
     assert_eq!(
-        v.arm(Endpoint::Resident).unwrap().dropped,
+        v.arm(Placement::Resident).unwrap().dropped,
         Some(DropReason::DoesNotFit {
             working_set_bytes: 119 * GB,
             capacity_bytes: 96 * GB
@@ -127,7 +128,7 @@ fn gh200_drops_resident_for_capacity_and_ties_map_with_streaming() {
     let Basis::TieBand { fastest, gap } = v.basis else {
         panic!("expected the tie band, got {:?}", v.basis);
     };
-    assert_eq!(fastest, Endpoint::PerUseCopy);
+    assert_eq!(fastest, Placement::PerUseCopy);
     assert!((gap - 5.0 / 350.0).abs() < 1e-12, "gap {gap}");
 }
 
@@ -137,14 +138,14 @@ fn gh200_resolves_to_per_use_copy_only_below_its_own_gap() {
     for theta in [0.0, 0.005, 0.01, 0.014, 0.014_28] {
         assert_eq!(
             verdict(&gh200(), theta).chosen,
-            Endpoint::PerUseCopy,
+            Placement::PerUseCopy,
             "theta {theta}"
         );
     }
     for theta in [0.014_29, 0.015, 0.02, 0.05, 0.2, 1.0] {
         assert_eq!(
             verdict(&gh200(), theta).chosen,
-            Endpoint::Map,
+            Placement::Map,
             "theta {theta}"
         );
     }
@@ -153,15 +154,15 @@ fn gh200_resolves_to_per_use_copy_only_below_its_own_gap() {
 #[test]
 fn rtx_5070_ti_selects_resident() {
     let v = verdict(&rtx_5070_ti(), DEFAULT_THETA);
-    assert_eq!((v.chosen, &v.basis), (Endpoint::Resident, &Basis::Fastest));
+    assert_eq!((v.chosen, &v.basis), (Placement::Resident, &Basis::Fastest));
 }
 
 #[test]
 fn m3_run_one_drops_resident_for_coexistence_and_maps() {
     let v = verdict(&m3_run_one(), DEFAULT_THETA);
-    assert_eq!((v.chosen, &v.basis), (Endpoint::Map, &Basis::Fastest));
+    assert_eq!((v.chosen, &v.basis), (Placement::Map, &Basis::Fastest));
     assert_eq!(
-        v.arm(Endpoint::Resident).unwrap().dropped,
+        v.arm(Placement::Resident).unwrap().dropped,
         Some(DropReason::NoCoexistence)
     );
 }
@@ -169,11 +170,11 @@ fn m3_run_one_drops_resident_for_coexistence_and_maps() {
 #[test]
 fn m3_run_two_maps_by_the_tie_band() {
     let v = verdict(&m3_run_two(), DEFAULT_THETA);
-    assert_eq!(v.chosen, Endpoint::Map);
+    assert_eq!(v.chosen, Placement::Map);
     assert!(matches!(
         v.basis,
         Basis::TieBand {
-            fastest: Endpoint::Resident,
+            fastest: Placement::Resident,
             ..
         }
     ));
@@ -184,9 +185,9 @@ fn m3_run_two_maps_by_the_tie_band() {
 /// theta = 2% the rule selects resident; from theta = 2.37% upward it selects map again.
 #[test]
 fn m3_run_two_flips_to_resident_at_two_percent() {
-    assert_eq!(verdict(&m3_run_two(), 0.02).chosen, Endpoint::Resident);
-    assert_eq!(verdict(&m3_run_two(), 0.0236).chosen, Endpoint::Resident);
-    assert_eq!(verdict(&m3_run_two(), 0.0237).chosen, Endpoint::Map);
+    assert_eq!(verdict(&m3_run_two(), 0.02).chosen, Placement::Resident);
+    assert_eq!(verdict(&m3_run_two(), 0.0236).chosen, Placement::Resident);
+    assert_eq!(verdict(&m3_run_two(), 0.0237).chosen, Placement::Map);
 }
 
 #[test]
@@ -198,8 +199,8 @@ fn m3_storage_bound_working_set_stops_the_rule() {
         ..measured(1.0, 60.0, 8.0)
     };
     let v = verdict(&input, DEFAULT_THETA);
-    assert_eq!((v.chosen, &v.basis), (Endpoint::Map, &Basis::StorageBound));
-    for e in [Endpoint::Resident, Endpoint::PerUseCopy] {
+    assert_eq!((v.chosen, &v.basis), (Placement::Map, &Basis::StorageBound));
+    for e in [Placement::Resident, Placement::PerUseCopy] {
         assert_eq!(
             v.arm(e).unwrap().dropped,
             Some(DropReason::StorageBound),
@@ -239,14 +240,14 @@ fn map_never_wins_over_a_resident_lead_larger_than_theta() {
                 for &c in &[0.5, m, r, 2.0 * r.max(m)] {
                     let v = verdict(&measured(m, r, c), theta);
                     let lead = r / m - 1.0;
-                    if v.chosen == Endpoint::Map && r > m {
+                    if v.chosen == Placement::Map && r > m {
                         tie_wins_over_faster_resident += 1;
                     }
                     // 1e-12 absorbs rounding between the rate ratio and the path-time ratio.
                     if lead > theta + 1e-12 {
                         assert_ne!(
                             v.chosen,
-                            Endpoint::Map,
+                            Placement::Map,
                             "map {m}, resident {r}, copy {c}, theta {theta}"
                         );
                     }
@@ -266,15 +267,15 @@ fn unavailable_arm_is_dropped_with_its_reason() {
     let v = verdict(&input, DEFAULT_THETA);
     assert_eq!(
         (v.chosen, &v.basis),
-        (Endpoint::PerUseCopy, &Basis::Fastest)
+        (Placement::PerUseCopy, &Basis::Fastest)
     );
     assert_eq!(
-        v.arm(Endpoint::Map).unwrap().dropped,
+        v.arm(Placement::Map).unwrap().dropped,
         Some(DropReason::Unavailable {
             reason: "cudaHostRegister rejects file-backed memory".into()
         })
     );
-    assert_eq!(v.arm(Endpoint::Map).unwrap().path_seconds, None);
+    assert_eq!(v.arm(Placement::Map).unwrap().path_seconds, None);
     assert!(v.explanation.contains("cudaHostRegister"));
 }
 
@@ -282,11 +283,11 @@ fn unavailable_arm_is_dropped_with_its_reason() {
 fn exact_ties_prefer_fewer_copies() {
     assert_eq!(
         verdict(&measured(10.0, 20.0, 20.0), 0.0).chosen,
-        Endpoint::Resident
+        Placement::Resident
     );
     assert_eq!(
         verdict(&measured(10.0, 10.0, 10.0), 0.0).chosen,
-        Endpoint::Map
+        Placement::Map
     );
 }
 
@@ -304,7 +305,7 @@ fn rejects_non_positive_or_non_finite_rates() {
     for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let err = select(&measured(1.0, bad, 1.0), 0.05).unwrap_err();
         assert!(
-            matches!(err, SelectError::InvalidRate { endpoint: Endpoint::Resident, gbps } if gbps.to_bits() == bad.to_bits()),
+            matches!(err, SelectError::InvalidRate { endpoint: Placement::Resident, gbps } if gbps.to_bits() == bad.to_bits()),
             "{err:?}"
         );
     }

@@ -8,13 +8,15 @@
 //! cargo run --release -p burn-mapped-benches --bin harness -- doc            # docs/PERFORMANCE.md from JSON
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use burn_mapped_benches::child::{self, ChildSpec};
+use burn_mapped_benches::markdown::markdown;
 use burn_mapped_benches::parent::{self, RunConfig};
 use burn_mapped_benches::qwen::QwenModel;
-use burn_mapped_benches::report::{self, Report};
+use burn_mapped_benches::report::{Report, Settings};
+use burn_mapped_benches::targets::targets;
 use clap::{Parser, Subcommand};
 
 const DEFAULT_PROMPT: &str = "Write a Python function that checks whether a number is prime.";
@@ -28,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the benchmarks, write results/<name>.json, the SVGs and the section of
+    /// Run the benchmarks, write results/NAME.json, the SVGs and the section of
     /// docs/PERFORMANCE.md.
     Run(RunArgs),
     /// Regenerate the section of docs/PERFORMANCE.md (and the SVGs) from a results file.
@@ -60,7 +62,7 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Name of the results (results/<name>.json, results/<name>-*.svg).
+    /// Name of the results (results/NAME.json, results/NAME-*.svg).
     #[arg(long, default_value = "cpu")]
     name: String,
     /// Warm rounds of the Qwen arms (each round runs every arm once, order rotated).
@@ -128,9 +130,16 @@ fn default_doc() -> PathBuf {
     crate_dir().join("..").join("docs").join("PERFORMANCE.md")
 }
 
-fn read_report(path: &PathBuf) -> Result<Report> {
+fn read_report(path: &Path) -> Result<Report> {
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Writes `rep` back over `json`, with its figures beside it, and regenerates `doc`'s section.
+fn rewrite(rep: &Report, json: &Path, doc: Option<PathBuf>) -> Result<()> {
+    let dir = json.parent().unwrap_or(Path::new("."));
+    let doc = doc.unwrap_or_else(default_doc);
+    parent::write_outputs(rep, dir, Some(doc.as_path()))
 }
 
 fn main() -> Result<()> {
@@ -142,7 +151,7 @@ fn main() -> Result<()> {
         }
         Cmd::Table { json } => {
             let rep = read_report(&json.unwrap_or_else(default_json))?;
-            println!("{}", report::markdown(&rep, None));
+            println!("{}", markdown(&rep, None));
             Ok(())
         }
         Cmd::Llama { json, doc } => {
@@ -167,25 +176,15 @@ fn main() -> Result<()> {
             rep.notes.push(
                 "the llama.cpp reference was measured separately with `harness llama`".into(),
             );
-            let dir = json
-                .parent()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("."));
-            let doc = doc.unwrap_or_else(default_doc);
-            parent::write_outputs(&rep, &dir, Some(doc.as_path()))
+            rewrite(&rep, &json, doc)
         }
         Cmd::Doc { json, doc } => {
             let json = json.unwrap_or_else(default_json);
             let mut rep = read_report(&json)?;
             // Targets are derived from the samples: recompute them, so a corrected definition
             // shows without measuring again.
-            rep.targets = burn_mapped_benches::report::targets(&rep);
-            let dir = json
-                .parent()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("."));
-            let doc = doc.unwrap_or_else(default_doc);
-            parent::write_outputs(&rep, &dir, Some(doc.as_path()))
+            rep.targets = targets(&rep);
+            rewrite(&rep, &json, doc)
         }
         Cmd::Run(a) => {
             let command = format!(
@@ -194,20 +193,22 @@ fn main() -> Result<()> {
             );
             let cfg = RunConfig {
                 name: a.name,
-                rounds: a.rounds,
-                cold_rounds: a.cold_rounds,
-                decode_tokens: a.decode_tokens,
-                share: a.share,
-                share_tokens: a.share_tokens,
-                synthetic_layers: a.synthetic_layers,
-                synthetic_dim: a.synthetic_dim,
-                synthetic_rounds: a.synthetic_rounds,
+                settings: Settings {
+                    rounds: a.rounds,
+                    cold_rounds: a.cold_rounds,
+                    decode_tokens: a.decode_tokens,
+                    share: a.share,
+                    share_tokens: a.share_tokens,
+                    synthetic_layers: a.synthetic_layers,
+                    synthetic_dim: a.synthetic_dim,
+                    synthetic_rounds: a.synthetic_rounds,
+                    prompt: a.prompt,
+                    chat: !a.raw,
+                },
                 evict: !a.no_evict,
                 llama_cpp: !a.no_llama_cpp,
                 qwen: !a.no_qwen && !a.models.is_empty(),
                 models: a.models,
-                prompt: a.prompt,
-                chat: !a.raw,
                 cache_dir: a
                     .cache_dir
                     .unwrap_or_else(burn_mapped_tools::fetch::default_cache_dir),
@@ -216,7 +217,7 @@ fn main() -> Result<()> {
                 command,
             };
             let rep = parent::run(&cfg)?;
-            println!("{}", report::markdown(&rep, None));
+            println!("{}", markdown(&rep, None));
             if !rep.identity.all_ok() {
                 for m in &rep.identity.mismatches {
                     eprintln!("IDENTITY MISMATCH: {m}");

@@ -3,11 +3,12 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use burn::tensor::Device;
 use serde::Serialize;
 
 use super::args::Args;
+use crate::stats::Stats;
 
 /// One arm's figures, as the report lists them.
 #[derive(Serialize)]
@@ -115,20 +116,14 @@ fn device_time<K>(
             times.push(ticks.duration().as_secs_f64() / per as f64);
         }
     }
-    Ok(method.filter(|_| !times.is_empty()).map(|m| {
-        let med = median(&mut times);
-        ([med, times[0], times[times.len() - 1]].map(|s| s * 1e3), m)
-    }))
+    Ok(method
+        .zip(Stats::of(times))
+        .map(|(m, s)| ([s.median, s.min, s.max].map(|t| t * 1e3), m)))
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// The median of `v` (NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    Stats::of(v.iter().copied()).map_or(f64::NAN, |s| s.median)
 }
 
 /// Runs `warmup` discarded passes (at least one, and more until `warmup_ms` have passed since
@@ -180,11 +175,15 @@ pub fn measure<K>(
     }
     enq.clear();
     flushes.clear();
-    let mut times = (0..a.passes.div_ceil(per).max(1))
+    let times = (0..a.passes.div_ceil(per).max(1))
         .map(|_| group(&mut enq, &mut flushes))
         .collect::<Result<Vec<f64>>>()?;
-    let med = median(&mut times);
-    let (min, max) = (times[0], times[times.len() - 1]);
+    let Stats {
+        median: med,
+        min,
+        max,
+        ..
+    } = Stats::of(times.iter().copied()).context("no timed pass")?;
     let device = match timing.profile {
         Some(dev) if matrices > 0 => device_time(
             dev,
@@ -208,8 +207,8 @@ pub fn measure<K>(
         gbps_median: gbps(med),
         gbps_best: gbps(min),
         gbps_worst: gbps(max),
-        enqueue_ms: median(&mut enq) * 1e3,
-        flush_ms: (!flushes.is_empty()).then(|| median(&mut flushes) * 1e3),
+        enqueue_ms: median(&enq) * 1e3,
+        flush_ms: (!flushes.is_empty()).then(|| median(&flushes) * 1e3),
         passes_per_sync: per,
         device_ms: device.as_ref().map(|d| d.0[0]),
         device_min_ms: device.as_ref().map(|d| d.0[1]),

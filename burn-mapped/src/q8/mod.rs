@@ -21,8 +21,8 @@
 //!
 //! # The op
 //!
-//! [`q8_linear`]`(x, &weight, bias)` computes `y[t, o] = scale[o] * sum_i x[t, i] * q[o, i]
-//! + bias[o]` for `x: [T, in]`, borrowing the weight. It is a Burn backend extension:
+//! [`q8_linear`]`(x, &weight, bias)` computes
+//! `y[t, o] = scale[o] * sum_i x[t, i] * q[o, i] + bias[o]` for `x: [T, in]`, borrowing the weight. It is a Burn backend extension:
 //!
 //! - **Flex** (CPU): reads the int8 bytes in place (for a store, the mapped file pages),
 //!   multi-threaded by output rows, AVX2+FMA when the CPU has them (run-time detection) and a

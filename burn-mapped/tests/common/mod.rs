@@ -1,15 +1,16 @@
-//! Fixtures shared by the integration tests: a small module exercising both `Linear` layouts,
-//! an embedding and a bare parameter, and helpers that look at memory from outside the crate
-//! (the Flex storage pointer, `/proc/self/maps`).
+//! Fixtures shared by this crate's integration tests: a small module exercising both `Linear`
+//! layouts, an embedding and a bare parameter, and child processes for measurements that need
+//! a fresh address space. Helpers that look at memory from outside the crate (the Flex storage
+//! pointer, `/proc/self/maps`) are the workspace's shared test support (`burn_mapped_tests`).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use burn::backend::Flex;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, LinearLayout};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_mapped::MappedRecorder;
 
 #[derive(Module, Debug)]
 pub struct Net {
@@ -44,75 +45,20 @@ impl Net {
     }
 }
 
+/// A [`Net`] recorded into a store under a fresh temporary directory: the directory's guard,
+/// the store's path and the recorded module.
+pub fn recorded_net() -> (tempfile::TempDir, PathBuf, Net) {
+    let tmp = burn_mapped_tests::tempdir();
+    let dir = tmp.path().join("store");
+    let net = Net::init(&Device::flex());
+    MappedRecorder::default().record(&net, &dir).unwrap();
+    (tmp, dir, net)
+}
+
 /// Deterministic input tokens.
 pub fn tokens(device: &Device) -> Tensor<2, Int> {
     let ids: Vec<i64> = (0..12).map(|i| (i * 7 + 3) % VOCAB as i64).collect();
     Tensor::from_data(TensorData::new(ids, [2, 6]), device)
-}
-
-/// A fresh temporary directory that removes itself.
-pub fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("burn-mapped-test")
-        .tempdir()
-        .unwrap()
-}
-
-/// Address of the first byte of a Flex tensor's storage.
-pub fn flex_storage<const D: usize>(tensor: Tensor<D>) -> std::ops::Range<usize> {
-    let flex = tensor
-        .try_into_primitive::<Flex>()
-        .expect("the default test device is Flex");
-    let bytes = flex.bytes();
-    let start = bytes.as_ptr() as usize;
-    start..start + bytes.len()
-}
-
-/// Every (path, storage range) of the float parameters of a module, as Flex sees them.
-pub fn float_param_storage<M: Module>(module: &M) -> Vec<(String, std::ops::Range<usize>)> {
-    struct V {
-        path: Vec<String>,
-        out: Vec<(String, std::ops::Range<usize>)>,
-    }
-    impl ModuleVisitor for V {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.out
-                .push((self.path.join("."), flex_storage(param.val())));
-        }
-    }
-    let mut v = V {
-        path: Vec::new(),
-        out: Vec::new(),
-    };
-    module.visit(&mut v);
-    v.out
-}
-
-/// Address ranges where `path` is mapped in this process, read from `/proc/self/maps`
-/// (independent of the crate's own bookkeeping).
-pub fn mapped_ranges(path: &Path) -> Vec<std::ops::Range<usize>> {
-    let path = std::fs::canonicalize(path).unwrap();
-    let path = path.to_string_lossy().into_owned();
-    std::fs::read_to_string("/proc/self/maps")
-        .unwrap()
-        .lines()
-        .filter(|l| l.split_whitespace().nth(5) == Some(path.as_str()))
-        .map(|l| {
-            let (lo, hi) = l
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .split_once('-')
-                .unwrap();
-            usize::from_str_radix(lo, 16).unwrap()..usize::from_str_radix(hi, 16).unwrap()
-        })
-        .collect()
 }
 
 /// Runs the ignored test `name` of the current test binary in a child process with `envs`,

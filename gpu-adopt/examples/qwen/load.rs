@@ -6,9 +6,9 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_mapped::MappedStore;
 use burn_mapped::q8::scale_name;
-use burn_mapped_gpu::{GpuDevice, ModuleReport, Placement};
+use burn_mapped::{MappedStore, Placement};
+use burn_mapped_gpu::{GpuDevice, ModuleReport, Placed};
 use burn_mapped_models::qwen2::{
     Projection, Qwen2ForCausalLM, VocabBlocks, argmax, config_from_manifest,
 };
@@ -24,20 +24,20 @@ pub struct Loaded {
     /// Rows per vocabulary block, when the vocabulary matrices were split.
     pub block_rows: Option<usize>,
     /// Each vocabulary block's tensor name, rows and placement, in order.
-    pub blocks: Vec<(String, std::ops::Range<usize>, Placement)>,
+    pub blocks: Vec<(String, std::ops::Range<usize>, Placed)>,
 }
 
 impl Loaded {
     /// Bytes adopted and copied, over parameters and blocks: `(mapped, resident)`.
     pub fn bytes(&self, store: &MappedStore) -> (u64, u64) {
         let (mut mapped, mut resident) = self.report.bytes(store);
-        for (name, rows, placement) in &self.blocks {
+        for (name, rows, placed) in &self.blocks {
             let entry = store.manifest().get(name).expect("block of a store tensor");
             let per_row = entry.len() / entry.shape()[0] as u64;
             let bytes = per_row * rows.len() as u64;
-            match placement {
-                Placement::Mapped => mapped += bytes,
-                Placement::Resident { .. } => resident += bytes,
+            match placed.placement {
+                Placement::Map => mapped += bytes,
+                _ => resident += bytes,
             }
         }
         (mapped, resident)
@@ -129,16 +129,16 @@ pub fn load_qwen(
 /// `rows`) and placement.
 fn placed<T>(
     name: &str,
-    loaded: Vec<(T, Placement)>,
+    loaded: Vec<(T, Placed)>,
     rows: impl Fn(&T) -> usize,
-    blocks: &mut Vec<(String, std::ops::Range<usize>, Placement)>,
+    blocks: &mut Vec<(String, std::ops::Range<usize>, Placed)>,
 ) -> Vec<T> {
     let mut start = 0;
     loaded
         .into_iter()
-        .map(|(tensor, placement)| {
+        .map(|(tensor, placed)| {
             let n = rows(&tensor);
-            blocks.push((name.to_string(), start..start + n, placement));
+            blocks.push((name.to_string(), start..start + n, placed));
             start += n;
             tensor
         })

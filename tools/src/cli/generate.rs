@@ -16,7 +16,7 @@ use crate::fetch::default_cache_dir;
 use crate::placement::Decision;
 use crate::qwen;
 
-use super::placement::PlacementArgs;
+use super::placement_args::PlacementArgs;
 
 /// Arguments of `burn-mapped generate`.
 #[derive(clap::Args, Debug)]

@@ -4,7 +4,7 @@ pub mod convert;
 pub mod fetch;
 pub mod generate;
 pub mod inspect;
-pub mod placement;
+pub mod placement_args;
 pub mod probe;
 pub mod select;
 pub mod verify;

@@ -5,12 +5,13 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use burn_mapped::Placement;
 
 use crate::cli::select::render_verdict;
 use crate::device::{DeviceArg, parse_device};
 use crate::probe::burn_device::{BurnProbeConfig, probe_device};
 use crate::probe::{ArmReport, CpuProbeConfig, ProbeReport, Residency, probe_cpu, tensor_files_in};
-use crate::select::{ArmRate, DEFAULT_THETA, Endpoint, Verdict, select};
+use crate::select::{ArmRate, DEFAULT_THETA, Verdict, select};
 
 /// Probe a store: every regular file in the directory except `manifest.json` is part of W
 /// (or the single file given).
@@ -110,12 +111,8 @@ pub fn render_report(r: &ProbeReport) -> String {
         r.passes,
         r.chunk_bytes
     );
-    let arms = [
-        (Endpoint::Map, &r.map),
-        (Endpoint::Resident, &r.resident),
-        (Endpoint::PerUseCopy, &r.per_use_copy),
-    ];
-    for (endpoint, arm) in arms {
+    for endpoint in Placement::ALL {
+        let arm = r.arm(endpoint);
         let line = match &arm.rate {
             ArmRate::Measured { gbps } => format!(
                 "{gbps:8.2} GB/s  (passes: {})",
@@ -147,11 +144,7 @@ pub fn render_report(r: &ProbeReport) -> String {
 fn plot(path: &Path, report: &ProbeReport, verdict: &Verdict) -> anyhow::Result<()> {
     use plotters::prelude::*;
 
-    let arms: [(Endpoint, &ArmReport); 3] = [
-        (Endpoint::Map, &report.map),
-        (Endpoint::Resident, &report.resident),
-        (Endpoint::PerUseCopy, &report.per_use_copy),
-    ];
+    let arms: [(Placement, &ArmReport); 3] = Placement::ALL.map(|p| (p, report.arm(p)));
     let rate = |arm: &ArmReport| match arm.rate {
         ArmRate::Measured { gbps } => Some(gbps),
         ArmRate::Unavailable { .. } => None,

@@ -339,7 +339,7 @@ mod tests {
         ])
         .unwrap();
         let verdict = select(&cli.args.select_input().unwrap(), cli.args.theta).unwrap();
-        assert_eq!(verdict.chosen, crate::select::Endpoint::Map);
+        assert_eq!(verdict.chosen, burn_mapped::Placement::Map);
         let table = render_verdict(&verdict);
         assert!(
             table.contains("tie band (per-use copy faster by 1.43%)"),

@@ -17,12 +17,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::{AllocationProperty, Bytes, DType, Device, Int, Tensor, TensorData};
-use burn_mapped::{Stager, is_flex};
+use burn_mapped::{Placement, Stager, is_flex};
 use memmap2::Mmap;
 
 use super::{ArmReport, ProbeError, ProbeReport, Residency, file_residency, median};
 use crate::device::DeviceArg;
-use crate::placement::{ProbeKey, store_fingerprint};
 use crate::select::ArmRate;
 
 /// How the Burn-device probe runs.
@@ -43,27 +42,6 @@ impl Default for BurnProbeConfig {
     }
 }
 
-/// The cache key for probing `files` on `device`.
-///
-/// # Errors
-/// Files whose metadata cannot be read.
-pub fn probe_key(device: DeviceArg, files: &[PathBuf]) -> Result<ProbeKey, ProbeError> {
-    let config = BurnProbeConfig::default();
-    Ok(ProbeKey {
-        device: format!("{device}: {:?}", device.device()),
-        // Burn does not report the adapter's driver; the kernel release at least changes with
-        // driver modules built for it.
-        driver: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| format!("linux {}", s.trim()))
-            .unwrap_or_default(),
-        store: store_fingerprint(files)?,
-        protocol: format!(
-            "burn-probe v1 warmup={} passes={}",
-            config.warmup_passes, config.passes
-        ),
-    })
-}
-
 /// Probes `files` on the Burn device named by `device`.
 ///
 /// # Errors
@@ -74,13 +52,6 @@ pub fn probe_device(
     config: &BurnProbeConfig,
 ) -> Result<ProbeReport, ProbeError> {
     probe_on(&device.device(), device.name(), files, config)
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Arm {
-    Map,
-    Resident,
-    PerUseCopy,
 }
 
 /// Probes `files` on `device`, reported under `name`.
@@ -112,19 +83,18 @@ pub fn probe_on(
     let resident_checksum = read_all(&resident);
     let resident_copy_seconds = start.elapsed().as_secs_f64();
 
-    let arms = [Arm::Map, Arm::Resident, Arm::PerUseCopy];
     let mut seconds: [Vec<f64>; 3] = Default::default();
     let mut checksum = Some(resident_checksum);
     let mut residency_after_one_pass_each = Residency::default();
     for round in 0..config.warmup_passes + config.passes {
-        for k in 0..arms.len() {
-            let arm = arms[(round + k) % arms.len()];
+        for k in 0..Placement::ALL.len() {
+            let arm = Placement::ALL[(round + k) % Placement::ALL.len()];
             let start = Instant::now();
             let sum = match arm {
-                Arm::Map if !map_available => continue,
-                Arm::Map => read_all(&sources),
-                Arm::Resident => read_all(&resident),
-                Arm::PerUseCopy => sources.iter().fold(0u64, |acc, t| {
+                Placement::Map if !map_available => continue,
+                Placement::Map => read_all(&sources),
+                Placement::Resident => read_all(&resident),
+                Placement::PerUseCopy => sources.iter().fold(0u64, |acc, t| {
                     acc.wrapping_add(read(stager.stage(t.clone())))
                 }),
             };
@@ -132,13 +102,14 @@ pub fn probe_on(
             let expected = *checksum.get_or_insert(sum);
             if sum != expected {
                 return Err(ProbeError::ChecksumMismatch {
-                    arm: ["map", "resident", "per-use copy"][arm as usize],
+                    arm: arm.label(),
                     pass: round,
                     expected,
                     found: sum,
                 });
             }
             if round >= config.warmup_passes {
+                // `ALL` is in declaration order, so the discriminant indexes `seconds`.
                 seconds[arm as usize].push(elapsed);
             }
         }

