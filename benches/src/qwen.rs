@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped::MappedRecorder;
-use burn_mapped_models::qwen2::{KvCache, Qwen2Config, Qwen2ForCausalLM, argmax};
+use burn_mapped_models::qwen2::{KvCache, Qwen2Config, Qwen2ForCausalLM, WeightKind, argmax};
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
 use burn_mapped_tools::qwen::{self as tq, ModelPaths, StoreDType};
 use serde::{Deserialize, Serialize};
@@ -170,7 +170,13 @@ fn init(config: &Qwen2Config, layout: Option<&Path>, device: &Device) -> Result<
         .with_context(|| format!("parsing {}", path.display()))?,
         None => HashSet::new(),
     };
-    Ok(config.try_init_with(device, |p| q8.contains(p))?)
+    Ok(config.try_init_with(device, |p| {
+        if q8.contains(p) {
+            WeightKind::Q8
+        } else {
+            WeightKind::Float
+        }
+    })?)
 }
 
 /// The tokenizer of the checkpoint.

@@ -142,6 +142,14 @@ pub enum StoreError {
         /// What was found.
         found: String,
     },
+    /// A tensor's GGUF block layout does not describe its bytes.
+    #[error("tensor `{tensor}`: bad block layout: {reason}")]
+    BadBlocks {
+        /// The block tensor.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A quantization link names a tensor that is absent or unsuitable.
     #[error("tensor `{tensor}`: quantization link to `{scale}`: {reason}")]
     BadQuantLink {

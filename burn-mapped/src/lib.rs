@@ -75,6 +75,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod blocks;
 mod burn_store;
 pub mod convert;
 mod device;
@@ -92,6 +93,7 @@ mod placement;
 pub mod q8;
 mod readonly;
 mod recorder;
+mod slabs;
 mod store;
 pub mod untrusted;
 mod writer;
@@ -102,8 +104,9 @@ pub use error::{ExpectedLen, StoreError};
 pub use fault::SIGBUS_EXIT_CODE;
 pub use layout::{ALIGNMENT, huge_page_size, padded_len, page_size};
 pub use manifest::{
-    FORMAT, FORMAT_VERSION, MANIFEST_FILE, MAX_FILE_NAME_BYTES, MAX_MANIFEST_BYTES, MAX_NAME_BYTES,
-    MAX_RANK, MAX_STORE_BYTES, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink, TensorEntry,
+    BlockLayout, FORMAT, FORMAT_VERSION, MANIFEST_FILE, MAX_FILE_NAME_BYTES, MAX_MANIFEST_BYTES,
+    MAX_NAME_BYTES, MAX_RANK, MAX_STORE_BYTES, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink,
+    TensorEntry,
 };
 pub use map::MappedFile;
 pub use placement::{Placement, Stager, UnknownPlacement, is_flex, owned_copy};

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::{dtype_name, parse_dtype};
 use crate::error::{ExpectedLen, StoreError};
+use crate::gguf::format::{GgmlType, can_dequantize};
 use crate::layout::{ALIGNMENT, padded_len};
 
 /// The manifest's file name inside a store directory.
@@ -53,6 +54,66 @@ pub struct QuantLink {
     pub rel_error: Option<f32>,
 }
 
+/// Marks a tensor as quantized GGUF blocks kept exactly as the checkpoint holds them: a `u8`
+/// tensor `[rows, row_bytes]` whose every row is `cols / block_size` whole blocks of `ty`, so a
+/// row never straddles a block and a thread given whole rows reads whole blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockLayout {
+    ty: GgmlType,
+    cols: usize,
+}
+
+impl BlockLayout {
+    /// `cols` values per row in blocks of `ty`.
+    ///
+    /// # Errors
+    ///
+    /// The reason, when `ty` is not a block type the store knows (one that
+    /// [`can_dequantize`] decodes, other than the plain floats) or `cols` is not a positive
+    /// multiple of its block size.
+    pub fn new(ty: GgmlType, cols: usize) -> Result<Self, &'static str> {
+        if ty.block_size() == 1 || !can_dequantize(ty) {
+            return Err("not a block type the store knows");
+        }
+        if cols == 0 || !(cols as u64).is_multiple_of(ty.block_size()) {
+            return Err("columns are not a positive multiple of the block size");
+        }
+        Ok(Self { ty, cols })
+    }
+
+    /// The block type.
+    pub fn ty(self) -> GgmlType {
+        self.ty
+    }
+
+    /// Values per row.
+    pub fn cols(self) -> usize {
+        self.cols
+    }
+
+    /// Bytes per row: `cols / block_size` blocks.
+    pub fn row_bytes(self) -> usize {
+        self.cols / self.ty.block_size() as usize * self.ty.type_size() as usize
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBlocks {
+    #[serde(rename = "type")]
+    ty: String,
+    cols: u64,
+}
+
+impl From<BlockLayout> for RawBlocks {
+    fn from(layout: BlockLayout) -> Self {
+        RawBlocks {
+            ty: layout.ty.name().to_string(),
+            cols: layout.cols as u64,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawManifest {
@@ -77,6 +138,8 @@ struct RawEntry {
     param_id: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     quant: Option<QuantLink>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    blocks: Option<RawBlocks>,
 }
 
 /// One validated tensor entry.
@@ -91,6 +154,15 @@ pub struct TensorEntry {
     xxh3: u64,
     param_id: Option<u64>,
     quant: Option<QuantLink>,
+    blocks: Option<BlockLayout>,
+}
+
+/// What an entry may say about a tensor besides its bytes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Annotations {
+    pub param_id: Option<u64>,
+    pub quant: Option<QuantLink>,
+    pub blocks: Option<BlockLayout>,
 }
 
 impl TensorEntry {
@@ -101,9 +173,13 @@ impl TensorEntry {
         shape: Vec<usize>,
         file: String,
         xxh3: u64,
-        param_id: Option<u64>,
-        quant: Option<QuantLink>,
+        annotations: Annotations,
     ) -> Result<Self, StoreError> {
+        let Annotations {
+            param_id,
+            quant,
+            blocks,
+        } = annotations;
         let dtype_str = dtype_name(dtype).ok_or_else(|| StoreError::UnsupportedDType {
             tensor: name.clone(),
             dtype: format!("{dtype:?}"),
@@ -130,6 +206,7 @@ impl TensorEntry {
             xxh3: format!("{xxh3:016x}"),
             param_id,
             quant,
+            blocks: blocks.map(RawBlocks::from),
         };
         validate_entry(raw)
     }
@@ -173,6 +250,11 @@ impl TensorEntry {
     /// Quantization link, if this is a quantized weight.
     pub fn quant(&self) -> Option<&QuantLink> {
         self.quant.as_ref()
+    }
+
+    /// Block layout, if this tensor holds quantized GGUF blocks.
+    pub fn blocks(&self) -> Option<BlockLayout> {
+        self.blocks
     }
     /// Manifest spelling of the dtype.
     pub fn dtype_name(&self) -> &'static str {
@@ -355,6 +437,7 @@ impl Manifest {
                     xxh3: format!("{:016x}", t.xxh3),
                     param_id: t.param_id,
                     quant: t.quant.clone(),
+                    blocks: t.blocks.map(RawBlocks::from),
                 })
                 .collect(),
         };
@@ -411,6 +494,11 @@ fn validate_entry(raw: RawEntry) -> Result<TensorEntry, StoreError> {
         file: raw.file.clone(),
         found: raw.xxh3.clone(),
     })?;
+    let blocks = raw
+        .blocks
+        .as_ref()
+        .map(|b| validate_blocks(&raw.name, b, dtype, &shape))
+        .transpose()?;
     Ok(TensorEntry {
         name: raw.name,
         dtype,
@@ -421,7 +509,40 @@ fn validate_entry(raw: RawEntry) -> Result<TensorEntry, StoreError> {
         xxh3,
         param_id: raw.param_id,
         quant: raw.quant,
+        blocks,
     })
+}
+
+/// A block tensor is a 2-D `u8` tensor whose rows are exactly the layout's row bytes.
+fn validate_blocks(
+    tensor: &str,
+    raw: &RawBlocks,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<BlockLayout, StoreError> {
+    let bad = |reason: &str| StoreError::BadBlocks {
+        tensor: tensor.to_string(),
+        reason: reason.to_string(),
+    };
+    let ty = GgmlType::ALL
+        .iter()
+        .copied()
+        .find(|t| t.name() == raw.ty)
+        .ok_or_else(|| bad(&format!("unknown block type `{}`", raw.ty.escape_debug())))?;
+    let cols = usize::try_from(raw.cols).map_err(|_| bad("too many columns"))?;
+    let layout = BlockLayout::new(ty, cols).map_err(bad)?;
+    if dtype != DType::U8 || shape.len() != 2 {
+        return Err(bad("block tensors are 2-D u8"));
+    }
+    if shape[1] != layout.row_bytes() {
+        return Err(bad(&format!(
+            "rows of {} bytes, but {cols} values of {} take {}",
+            shape[1],
+            ty.name(),
+            layout.row_bytes()
+        )));
+    }
+    Ok(layout)
 }
 
 fn parse_hex64(s: &str) -> Option<u64> {

@@ -26,7 +26,10 @@ use xxhash_rust::xxh3::Xxh3Default;
 use crate::error::StoreError;
 use crate::generation::{lock, open_dir, still_at};
 use crate::layout::padded_len;
-use crate::manifest::{FORMAT, MANIFEST_FILE, Manifest, QuantLink, TensorEntry, file_name_for};
+use crate::manifest::{
+    Annotations, BlockLayout, FORMAT, MANIFEST_FILE, Manifest, QuantLink, TensorEntry,
+    file_name_for,
+};
 
 /// What the writer needs to know about a tensor besides its bytes.
 #[derive(Debug, Clone)]
@@ -36,6 +39,7 @@ pub struct TensorSpec {
     shape: Vec<usize>,
     param_id: Option<u64>,
     quant: Option<QuantLink>,
+    blocks: Option<BlockLayout>,
 }
 
 impl TensorSpec {
@@ -47,6 +51,7 @@ impl TensorSpec {
             shape: shape.into(),
             param_id: None,
             quant: None,
+            blocks: None,
         }
     }
 
@@ -59,6 +64,12 @@ impl TensorSpec {
     /// Marks this tensor as a quantized weight whose scales are in another tensor.
     pub fn quant(mut self, link: QuantLink) -> Self {
         self.quant = Some(link);
+        self
+    }
+
+    /// Marks this `u8` `[rows, row_bytes]` tensor as quantized GGUF blocks laid out as `layout`.
+    pub fn blocks(mut self, layout: BlockLayout) -> Self {
+        self.blocks = Some(layout);
         self
     }
 
@@ -270,8 +281,11 @@ impl StoreWriter {
             spec.shape,
             file_name,
             hash,
-            spec.param_id,
-            spec.quant,
+            Annotations {
+                param_id: spec.param_id,
+                quant: spec.quant,
+                blocks: spec.blocks,
+            },
         )?;
         self.entries.push(entry);
         Ok(())

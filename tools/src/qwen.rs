@@ -94,6 +94,10 @@ pub enum StoreDType {
     /// ([`is_projection_weight`]), everything else
     /// (embedding, norms, biases) f32.
     Q8,
+    /// The projections and LM head keep the GGUF's quantized blocks byte for byte
+    /// ([`burn_mapped::blocks`]), everything else f32 (the embedding is a row lookup: its
+    /// dequantized rows are exact in f32). Runs on the CPU.
+    Blocks,
 }
 
 impl StoreDType {
@@ -102,6 +106,7 @@ impl StoreDType {
         match self {
             Self::Float(dtype) => burn_mapped::dtype_name(dtype).unwrap_or("f32"),
             Self::Q8 => "q8",
+            Self::Blocks => "blocks",
         }
     }
 
@@ -109,7 +114,7 @@ impl StoreDType {
     pub fn float(self) -> DType {
         match self {
             Self::Float(dtype) => dtype,
-            Self::Q8 => DType::F32,
+            Self::Q8 | Self::Blocks => DType::F32,
         }
     }
 }
@@ -132,9 +137,9 @@ impl std::fmt::Display for StoreDType {
     }
 }
 
-/// A name that is not one of `f32`, `f16`, `bf16`, `q8`.
+/// A name that is not one of `blocks`, `f32`, `f16`, `bf16`, `q8`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported store dtype `{0}` (f32, f16, bf16, q8)")]
+#[error("unsupported store dtype `{0}` (blocks, f32, f16, bf16, q8)")]
 pub struct ParseStoreDTypeError(pub String);
 
 impl std::str::FromStr for StoreDType {
@@ -143,6 +148,7 @@ impl std::str::FromStr for StoreDType {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "q8" => Ok(Self::Q8),
+            "blocks" => Ok(Self::Blocks),
             other => other
                 .parse::<burn_mapped::convert::CastTo>()
                 .map(|c| Self::Float(c.dtype()))
@@ -194,7 +200,9 @@ pub fn resolve<'a>(
 
 /// Converts a GGUF into a store at `store`. Qwen2 tensors take this project's module paths
 /// (the Hugging Face names); other architectures keep GGUF's names. With
-/// [`StoreDType::Q8`] the matrices [`is_projection_weight`] picks are requantized to q8.
+/// [`StoreDType::Q8`] the matrices [`is_projection_weight`] picks are requantized to q8; with
+/// [`StoreDType::Blocks`] they keep their GGUF blocks (those of a type without a block product
+/// are dequantized to f32).
 pub fn convert<'a>(
     gguf: &Path,
     store: &Path,
@@ -220,6 +228,7 @@ pub fn convert<'a>(
             rename: &rename,
             dtype: dtype.float(),
             q8: (dtype == StoreDType::Q8).then_some(q8_rule),
+            blocks: (dtype == StoreDType::Blocks).then_some(q8_rule),
             progress,
             existing,
         },

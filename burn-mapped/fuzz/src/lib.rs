@@ -37,7 +37,13 @@ mod manifest;
 
 #[path = "../../src/gguf/format/mod.rs"]
 #[allow(dead_code, unused_imports)]
-mod gguf;
+mod gguf_format;
+
+/// `gguf::format` as in burn-mapped, where the manifest names it so.
+mod gguf {
+    pub(crate) use super::gguf_format as format;
+    pub(crate) use super::gguf_format::*;
+}
 
 #[path = "../../src/convert/safetensors/parse.rs"]
 #[allow(dead_code, unused_imports)]

@@ -1,7 +1,8 @@
-//! GGUF to store: each tensor is dequantized once and relaid into its own page-aligned file,
-//! so loading afterwards is a mapping, not a decode. Matrices picked for q8 are dequantized,
-//! then requantized per row (see [`crate::q8`]); their error is measured against the
-//! dequantized values.
+//! GGUF to store: each tensor is relaid into its own page-aligned file, so loading afterwards
+//! is a mapping, not a decode. Matrices picked to keep their blocks are copied byte for byte
+//! (see [`crate::blocks`]); those picked for q8 are dequantized, then requantized per row (see
+//! [`crate::q8`]), their error measured against the dequantized values; the rest are
+//! dequantized to the float dtype asked for.
 
 use std::io::Write;
 use std::path::Path;
@@ -11,7 +12,7 @@ use burn::tensor::DType;
 use super::{GgufError, MappedGguf, Value, dequantize};
 use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
-use crate::manifest::{Manifest, Q8_ROW_F16};
+use crate::manifest::{BlockLayout, Manifest, Q8_ROW_F16};
 use crate::q8::{Q8Builder, Q8Error, add_q8, scale_name};
 use crate::writer::{Existing, StoreWriter, TensorSpec};
 
@@ -59,6 +60,16 @@ pub enum GgufConvertError {
         /// GGUF name of the tensor stored under that name.
         other: String,
     },
+    /// A block of a tensor kept as blocks has a scale that is NaN or infinite.
+    #[error("GGUF tensor `{tensor}`: block {block} has a non-finite scale ({value})")]
+    BadBlock {
+        /// GGUF tensor name.
+        tensor: String,
+        /// Index of the block in the tensor.
+        block: u64,
+        /// The scale.
+        value: f32,
+    },
     /// Two GGUF tensors were renamed to the same store name.
     #[error("GGUF tensors `{first}` and `{second}` both map to `{name}`")]
     RenameCollision {
@@ -86,6 +97,11 @@ pub struct GgufConvert<'r, 'p> {
     /// it as a q8 matrix ([`is_projection_weight`](crate::q8::is_projection_weight) is the
     /// CLI's rule). `None` quantizes nothing.
     pub q8: Option<&'r Q8SelectFn>,
+    /// Asked as `q8` is: whether to keep the tensor's GGUF blocks as they are. Asked first; a
+    /// tensor kept as blocks is not quantized to q8. Only 2-D tensors of a block type with a
+    /// product ([`BlockLayout::new`]) can be kept; any other tensor the predicate picks goes to
+    /// q8 if `q8` picks it, else to the float dtype.
+    pub blocks: Option<&'r Q8SelectFn>,
     /// Called after each tensor with (bytes written so far, total bytes, tensor name).
     pub progress: Option<&'p mut Progress<'p>>,
     /// What to do about an existing store at the target (anything else there is refused).
@@ -117,8 +133,14 @@ pub fn gguf_to_store(
         .filter_map(|info| {
             let name = (options.rename)(info.name())?;
             let shape = info.shape_row_major();
-            let q8 = shape.len() == 2 && options.q8.is_some_and(|select| select(&name, &shape));
-            Some((info, name, q8))
+            let kind = if let Some(layout) = block_layout(info, &name, options.blocks) {
+                Kind::Blocks(layout)
+            } else if shape.len() == 2 && options.q8.is_some_and(|select| select(&name, &shape)) {
+                Kind::Q8
+            } else {
+                Kind::Float
+            };
+            Some((info, name, kind))
         })
         .collect();
     for (info, name, _) in &plan {
@@ -130,7 +152,7 @@ pub fn gguf_to_store(
             });
         }
     }
-    for (info, name, _) in plan.iter().filter(|(_, _, q8)| *q8) {
+    for (info, name, _) in plan.iter().filter(|(_, _, kind)| *kind == Kind::Q8) {
         let scale = scale_name(name);
         if let Some(other) = seen.get(&scale) {
             return Err(GgufConvertError::ScaleNameTaken {
@@ -140,20 +162,23 @@ pub fn gguf_to_store(
             });
         }
     }
-    let stored = |info: &super::TensorInfo, q8: bool| {
-        if q8 {
+    let stored = |info: &super::TensorInfo, kind: Kind| match kind {
+        Kind::Blocks(_) => info.byte_len(),
+        Kind::Q8 => {
             let rows = info.shape_row_major()[0] as u64;
             info.n_elements() + rows * 2
-        } else {
-            info.n_elements() * elem
         }
+        Kind::Float => info.n_elements() * elem,
     };
-    let total: u64 = plan.iter().map(|(info, _, q8)| stored(info, *q8)).sum();
+    let total: u64 = plan.iter().map(|(info, _, kind)| stored(info, *kind)).sum();
 
     let mut writer = StoreWriter::create_with(dir, options.existing)?;
     writer.metadata(SOURCE_KEY, gguf.path().display().to_string());
     if options.q8.is_some() {
         writer.metadata("convert.q8", Q8_ROW_F16);
+    }
+    if options.blocks.is_some() {
+        writer.metadata("convert.blocks", "gguf");
     }
     for (key, value) in file.metadata() {
         if let Some(text) = scalar_text(value) {
@@ -162,8 +187,20 @@ pub fn gguf_to_store(
     }
     let mut done = 0u64;
     let mut values = Vec::new();
-    for (info, name, q8) in plan {
+    for (info, name, kind) in plan {
         let bytes = gguf.tensor_data(info)?;
+        if let Kind::Blocks(layout) = kind {
+            check_blocks(info.name(), layout, bytes)?;
+            let rows = bytes.len() / layout.row_bytes();
+            let spec =
+                TensorSpec::new(name.clone(), DType::U8, [rows, layout.row_bytes()]).blocks(layout);
+            writer.add_with(spec, |sink| sink.write_all(bytes))?;
+            done += stored(info, kind);
+            if let Some(progress) = options.progress.as_mut() {
+                progress(done, total, &name);
+            }
+            continue;
+        }
         values.resize(info.n_elements() as usize, 0.0f32);
         dequantize(info.ggml_type(), bytes, &mut values).map_err(|source| {
             GgufConvertError::Dequantize {
@@ -172,7 +209,7 @@ pub fn gguf_to_store(
             }
         })?;
         let shape = info.shape_row_major();
-        if q8 {
+        if kind == Kind::Q8 {
             write_q8(
                 &mut writer,
                 info.name(),
@@ -185,12 +222,60 @@ pub fn gguf_to_store(
             let dtype = options.dtype;
             writer.add_with(spec, |sink| write_as(&values, dtype, sink))?;
         }
-        done += stored(info, q8);
+        done += stored(info, kind);
         if let Some(progress) = options.progress.as_mut() {
             progress(done, total, &name);
         }
     }
     Ok(writer.finish()?)
+}
+
+/// How one tensor is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Its GGUF blocks, as they are.
+    Blocks(BlockLayout),
+    /// Requantized to q8.
+    Q8,
+    /// Dequantized to the float dtype.
+    Float,
+}
+
+/// The layout to keep `info`'s blocks in, when `select` picks it and its type has a product.
+fn block_layout(
+    info: &super::TensorInfo,
+    name: &str,
+    select: Option<&Q8SelectFn>,
+) -> Option<BlockLayout> {
+    let shape = info.shape_row_major();
+    if shape.len() != 2 || !select.is_some_and(|select| select(name, &shape)) {
+        return None;
+    }
+    BlockLayout::new(info.ggml_type(), shape[1]).ok()
+}
+
+/// Every block's f16 scale fields are finite: a NaN or infinite scale is refused here, at
+/// conversion, rather than turning a product into NaN at run time.
+fn check_blocks(tensor: &str, layout: BlockLayout, bytes: &[u8]) -> Result<(), GgufConvertError> {
+    let ty = layout.ty();
+    let fields: &[usize] = match ty {
+        super::GgmlType::Q4_K => &[0, 2],
+        super::GgmlType::Q6_K => &[208],
+        _ => &[0],
+    };
+    for (block, b) in bytes.chunks_exact(ty.type_size() as usize).enumerate() {
+        for &at in fields {
+            let value = half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32();
+            if !value.is_finite() {
+                return Err(GgufConvertError::BadBlock {
+                    tensor: tensor.to_string(),
+                    block: block as u64,
+                    value,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Requantizes one dequantized matrix per row and adds the q8 pair.

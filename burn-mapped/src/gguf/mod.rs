@@ -38,7 +38,7 @@
 //! ```
 
 mod convert;
-mod format;
+pub(crate) mod format;
 mod mapped;
 
 pub use convert::{GgufConvert, GgufConvertError, SOURCE_KEY, gguf_to_store};

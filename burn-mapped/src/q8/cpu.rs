@@ -1,8 +1,6 @@
 //! The q8 GEMV/GEMM on the host: int8 weights read in place from their (mapped) storage.
 //!
-//! Work is split by output rows into slabs run on rayon's global pool (persistent workers: a
-//! decode step issues ~170 of these products, and spawning threads for each cost more than the
-//! small ones take); each slab walks its rows once and,
+//! Work is split by output rows into slabs ([`Slabs`]); each slab walks its rows once and,
 //! for every small block of rows, runs all activation tiles against it while those rows are
 //! still in cache, so any `T` costs one pass over the weights in DRAM. Activation rows are
 //! taken in tiles of at most [`TILE_T`]; a block of `R` rows times a tile of `TT` columns
@@ -14,6 +12,8 @@
 //! baseline. Both accumulate in f32 in 8 lanes and add the lanes at the end of a row.
 
 use burn::tensor::f16;
+
+use crate::slabs::Slabs;
 
 /// Most activation columns one tile holds; larger `T` is split into tiles of this size.
 const TILE_T: usize = 4;
@@ -94,40 +94,16 @@ fn gemm_split(args: Gemm<'_>, isa: Isa, threads: usize, min_bytes: usize) -> Vec
     if let Some(b) = args.bias {
         assert_eq!(b.len(), out, "q8 cpu: bias length");
     }
-    let mut y = vec![f32::NAN; t * out];
-    if t == 0 || out == 0 {
-        return y;
-    }
     // Rows are handed out in multiples of 8 so every thread but the last runs full blocks.
-    let by_work = (out * inp).div_ceil(min_bytes.max(1)).max(1);
-    let threads = threads.clamp(1, by_work).min(out.div_ceil(8));
-    let rows_per_thread = out.div_ceil(threads).next_multiple_of(8);
-    // Each thread fills `[rows, t]` (row-major by output row), a contiguous piece of `yt`;
-    // the transpose into `[t, out]` afterwards touches `t * out` floats, nothing next to the
-    // `out * in` weight bytes.
-    let mut yt = vec![f32::NAN; out * t];
-    rayon::scope(|scope| {
-        let mut rest = yt.as_mut_slice();
-        let mut row = 0;
-        while row < out {
-            let rows = rows_per_thread.min(out - row);
-            let (mine, tail) = rest.split_at_mut(rows * t);
-            rest = tail;
-            let start = row;
-            if row + rows == out {
-                rows_into(args, isa, start, rows, mine); // this worker takes the last slab
-            } else {
-                scope.spawn(move |_| rows_into(args, isa, start, rows, mine));
-            }
-            row += rows;
-        }
-    });
-    for o in 0..out {
-        for tt in 0..t {
-            y[tt * out + o] = yt[o * t + tt];
-        }
-    }
-    y
+    let slabs = Slabs {
+        row_bytes: inp,
+        min_bytes,
+        threads,
+        row_multiple: 8,
+    };
+    slabs.run(out, t, |start, rows, dst| {
+        rows_into(args, isa, start, rows, dst)
+    })
 }
 
 /// `(R, TT)`: rows per block and activation columns per tile, with `R * TT` accumulators.

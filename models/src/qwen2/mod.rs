@@ -13,8 +13,8 @@ pub use cache::KvCache;
 pub use config::{ConfigError, Qwen2Config};
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};
 pub use model::{
-    Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
+    Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm, WeightKind,
 };
-pub use projection::{Projection, Q8Linear};
+pub use projection::{BlockLinear, Projection, Q8Linear};
 pub use sampling::{GenerateError, Sampler, Sampling, SamplingError, argmax};
 pub use vocab::{VocabBlocks, VocabBlocksError};

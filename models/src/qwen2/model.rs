@@ -13,7 +13,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
-use super::projection::{Projection, Q8Linear};
+use super::projection::{BlockLinear, Projection, Q8Linear};
 use super::rope::RopeTables;
 use super::vocab::{VocabBlocks, VocabBlocksError};
 
@@ -75,6 +75,17 @@ pub struct RmsNorm {
     eps: f64,
 }
 
+/// How a projection's weight is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightKind {
+    /// A float matrix.
+    Float,
+    /// A q8 matrix with per-row scales.
+    Q8,
+    /// GGUF blocks, as the checkpoint holds them.
+    Blocks(burn_mapped::BlockLayout),
+}
+
 /// Why a forward pass was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ForwardError {
@@ -119,45 +130,55 @@ impl Qwen2Config {
 
     /// Build the model after validating the config; every projection is float.
     pub fn try_init(&self, device: &Device) -> Result<Qwen2ForCausalLM, ConfigError> {
-        self.try_init_with(device, |_| false)
+        self.try_init_with(device, |_| WeightKind::Float)
     }
 
-    /// Build the model with each projection float or q8 as its store holds it: a projection
-    /// is a [`Q8Linear`] when the manifest's `<path>.weight` carries a `q8-row-f16` link
-    /// (for example `model.layers.0.mlp.up_proj.weight`), a float `Linear` otherwise.
+    /// Build the model with each projection as its store holds it: a [`Q8Linear`] when the
+    /// manifest's `<path>.weight` carries a `q8-row-f16` link (for example
+    /// `model.layers.0.mlp.up_proj.weight`), a [`BlockLinear`] when it holds GGUF blocks, a
+    /// float `Linear` otherwise.
     pub fn try_init_for_store(
         &self,
         device: &Device,
         manifest: &burn_mapped::Manifest,
     ) -> Result<Qwen2ForCausalLM, ConfigError> {
         self.try_init_with(device, |path| {
-            manifest
-                .get(&format!("{path}.weight"))
-                .and_then(|entry| entry.quant())
+            let Some(entry) = manifest.get(&format!("{path}.weight")) else {
+                return WeightKind::Float;
+            };
+            if let Some(layout) = entry.blocks() {
+                WeightKind::Blocks(layout)
+            } else if entry
+                .quant()
                 .is_some_and(|link| link.scheme == burn_mapped::Q8_ROW_F16)
+            {
+                WeightKind::Q8
+            } else {
+                WeightKind::Float
+            }
         })
     }
 
-    /// Build the model, asking `q8(path)` for each projection (`path` is its module path,
-    /// `model.layers.3.self_attn.q_proj` or `lm_head`) whether it is q8. Embeddings and norms
-    /// are always float.
+    /// Build the model, asking `kind(path)` for each projection (`path` is its module path,
+    /// `model.layers.3.self_attn.q_proj` or `lm_head`) how its weight is stored. Embeddings and
+    /// norms are always float.
     pub fn try_init_with(
         &self,
         device: &Device,
-        q8: impl Fn(&str) -> bool,
+        kind: impl Fn(&str) -> WeightKind,
     ) -> Result<Qwen2ForCausalLM, ConfigError> {
         self.validate()?;
-        let linear = |path: String, d_in: usize, d_out: usize, bias: bool| {
-            if q8(&path) {
-                Projection::Q8(Q8Linear::new_lazy(d_in, d_out, bias, device))
-            } else {
-                Projection::Float(
-                    LinearConfig::new(d_in, d_out)
-                        .with_bias(bias)
-                        .with_layout(LinearLayout::Col)
-                        .init(device),
-                )
+        let linear = |path: String, d_in: usize, d_out: usize, bias: bool| match kind(&path) {
+            WeightKind::Q8 => Projection::Q8(Q8Linear::new_lazy(d_in, d_out, bias, device)),
+            WeightKind::Blocks(layout) => {
+                Projection::Blocks(BlockLinear::new_lazy(layout, d_out, bias, device))
             }
+            WeightKind::Float => Projection::Float(
+                LinearConfig::new(d_in, d_out)
+                    .with_bias(bias)
+                    .with_layout(LinearLayout::Col)
+                    .init(device),
+            ),
         };
         let norm = |d: usize| RmsNorm {
             weight: Initializer::Ones.init([d], device),

@@ -1,5 +1,6 @@
-//! The model's 2-D projections, each either a float [`Linear`] or a packed-int8
-//! [`Q8Linear`], with the same module paths either way.
+//! The model's 2-D projections, each a float [`Linear`], a packed-int8 [`Q8Linear`] or a
+//! [`BlockLinear`] over the checkpoint's own GGUF blocks, with the same module paths in every
+//! case.
 
 use burn::module::{
     Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
@@ -8,6 +9,9 @@ use burn::module::{
 use burn::nn::Linear;
 use burn::tensor::{DType, Device, Int, Shape, Tensor};
 use burn_mapped::Stager;
+use burn_mapped::blocks::{
+    BlockError, BlockInput, BlockLayout, BlockWeight, block_linear, block_linear_input,
+};
 use burn_mapped::q8::{Q8Error, Q8Input, Q8Weight, q8_linear, q8_linear_input};
 
 /// A q8 linear layer: `y = (x W^T) * scale + bias` with `W` int8 `[out, in]` and one f16 scale
@@ -97,7 +101,82 @@ impl Q8Linear {
     }
 }
 
-/// A projection stored as float or as q8.
+/// A linear layer over quantized GGUF blocks kept as the checkpoint holds them
+/// ([`burn_mapped::blocks`]): `weight` is the u8 `[out, row_bytes]` tensor of the store, the
+/// float `bias` as for the other kinds. Runs on Flex.
+#[derive(Module, Debug)]
+pub struct BlockLinear {
+    /// `[out, layout.row_bytes()]`, dtype U8.
+    pub weight: Param<Tensor<2, Int>>,
+    /// `[out]`, float.
+    pub bias: Option<Param<Tensor<1>>>,
+    #[module(skip)]
+    layout: BlockLayout,
+}
+
+impl BlockLinear {
+    /// A layer whose parameters stay uninitialized until a store is loaded over them.
+    pub fn new_lazy(layout: BlockLayout, d_out: usize, bias: bool, device: &Device) -> Self {
+        let shape = [d_out, layout.row_bytes()];
+        Self {
+            weight: Param::uninitialized(
+                ParamId::new(),
+                move |device: &Device, _| Tensor::<2, Int>::zeros(shape, (device, DType::U8)),
+                device.clone(),
+                false,
+                Shape::new(shape),
+            ),
+            bias: bias.then(|| {
+                Param::uninitialized(
+                    ParamId::new(),
+                    move |device: &Device, _| Tensor::<1>::zeros([d_out], (device, DType::F32)),
+                    device.clone(),
+                    false,
+                    Shape::new([d_out]),
+                )
+            }),
+            layout,
+        }
+    }
+
+    /// The weight as the product takes it, checked (dtype, row length, device).
+    pub fn block_weight(&self) -> Result<BlockWeight, BlockError> {
+        BlockWeight::new(self.weight.val(), self.layout)
+    }
+
+    /// What the weight's bytes hold.
+    pub fn layout(&self) -> BlockLayout {
+        self.layout
+    }
+
+    /// Applies the layer to `[rows, in]`.
+    ///
+    /// # Panics
+    ///
+    /// If the loaded parameters do not fit the layout or `x` (a loader bug).
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let weight = self
+            .block_weight()
+            .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}"));
+        block_linear(x, &weight, self.bias.as_ref().map(|b| b.val()))
+            .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
+    }
+
+    /// Applies the layer to activations quantized once for several layers.
+    ///
+    /// # Panics
+    ///
+    /// As [`forward`](Self::forward).
+    pub fn forward_input(&self, input: &BlockInput) -> Tensor<2> {
+        let weight = self
+            .block_weight()
+            .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}"));
+        block_linear_input(input, &weight, self.bias.as_ref().map(|b| b.val()))
+            .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
+    }
+}
+
+/// A projection stored as float, as q8 or as GGUF blocks.
 ///
 /// Its `Module` implementation is transparent: it visits the inner layer without adding a
 /// path segment (a derived enum would add the variant name), so `q_proj.weight` is the
@@ -108,6 +187,8 @@ pub enum Projection {
     Float(Linear),
     /// Int8 weights with per-row f16 scales.
     Q8(Q8Linear),
+    /// The checkpoint's quantized blocks.
+    Blocks(BlockLinear),
     /// The per-use-copy placement: the inner projection's parameters rest where they were
     /// loaded (for a store, the mapped pages) and every forward first copies them into fresh
     /// storage on the stager's device, computes with the copies, and drops them.
@@ -150,6 +231,7 @@ impl Projection {
                 let [out, inp] = q8.weight.lazy_shape().dims::<2>();
                 (inp, out)
             }
+            Projection::Blocks(b) => (b.layout.cols(), b.weight.lazy_shape().dims::<2>()[0]),
             Projection::PerUseCopy(inner, _) => inner.dims(),
         }
     }
@@ -159,6 +241,14 @@ impl Projection {
         match self {
             Projection::Float(linear) => linear.forward(x),
             Projection::Q8(q8) => q8.forward(x),
+            Projection::Blocks(b) => {
+                let dims = x.dims();
+                let rows = dims[..D - 1].iter().product::<usize>();
+                let y = b.forward(x.reshape([rows, dims[D - 1]]));
+                let mut out = dims;
+                out[D - 1] = y.dims()[1];
+                y.reshape(out)
+            }
             Projection::PerUseCopy(inner, stager) => {
                 stager.stage_module((**inner).clone()).forward(x)
             }
@@ -167,11 +257,23 @@ impl Projection {
 
     /// `layers` applied to the same `x` (`[rows, in]`): when every one is q8 (adopted, not a
     /// per-use copy) they share one [`Q8Input`], so where the dp4a kernel runs the activations
-    /// are split once for all of them; otherwise each applies its own forward.
+    /// are split once for all of them; when every one holds blocks they share one
+    /// [`BlockInput`] (the activations quantized once); otherwise each applies its own forward.
     pub fn forward_shared<const N: usize>(
         layers: [&Projection; N],
         x: Tensor<2>,
     ) -> [Tensor<2>; N] {
+        let blocks: Option<Vec<&BlockLinear>> = layers
+            .iter()
+            .map(|layer| match layer {
+                Projection::Blocks(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        if let Some(blocks) = blocks {
+            let input = BlockInput::new(x).unwrap_or_else(|e| panic!("BlockLinear input: {e}"));
+            return std::array::from_fn(|i| blocks[i].forward_input(&input));
+        }
         let q8: Option<Vec<&Q8Linear>> = layers
             .iter()
             .map(|layer| match layer {
@@ -196,6 +298,14 @@ impl Projection {
         }
     }
 
+    /// Whether the weights are GGUF blocks.
+    pub fn is_blocks(&self) -> bool {
+        match self {
+            Projection::PerUseCopy(inner, _) => inner.is_blocks(),
+            other => matches!(other, Projection::Blocks(_)),
+        }
+    }
+
     /// This projection, staged into fresh storage on `stager`'s device before every forward.
     pub fn per_use_copy(self, stager: Stager) -> Self {
         match self {
@@ -210,6 +320,7 @@ macro_rules! each {
         match $self {
             Projection::Float($m) => $body,
             Projection::Q8($m) => $body,
+            Projection::Blocks($m) => $body,
             Projection::PerUseCopy(inner, _) => {
                 let $m = &**inner;
                 $body
@@ -220,6 +331,7 @@ macro_rules! each {
         match $self {
             Projection::Float($m) => Projection::Float($body),
             Projection::Q8($m) => Projection::Q8($body),
+            Projection::Blocks($m) => Projection::Blocks($body),
             Projection::PerUseCopy(inner, stager) => {
                 let $m = *inner;
                 Projection::PerUseCopy(Box::new($body), stager)
@@ -249,6 +361,7 @@ impl Module for Projection {
         match self {
             Projection::Float(m) => Projection::Float(m.valid()),
             Projection::Q8(m) => Projection::Q8(m.valid()),
+            Projection::Blocks(m) => Projection::Blocks(m.valid()),
             Projection::PerUseCopy(inner, stager) => {
                 Projection::PerUseCopy(Box::new(inner.valid()), stager.clone())
             }

@@ -30,7 +30,8 @@ pub struct ConvertArgs {
     /// integer and bool tensors are kept. `q8`: 2-D projection weights and the LM head
     /// become int8 with one f16 scale per row (GGUF is dequantized first), every other
     /// float tensor (embeddings, norms, biases) f32; the rule is
-    /// `burn_mapped::q8::is_projection_weight`.
+    /// `burn_mapped::q8::is_projection_weight`. `blocks` (GGUF only): the same matrices keep
+    /// the GGUF's quantized blocks byte for byte, the rest f32.
     #[arg(long)]
     pub dtype: Option<StoreDType>,
     /// Draw no progress bar.
@@ -130,6 +131,10 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         Some(StoreDType::Q8) => {
             options = options.cast(CastTo::F32).q8(is_projection_weight);
         }
+        Some(StoreDType::Blocks) if kind != InputKind::Gguf => {
+            bail!("--dtype blocks keeps a GGUF's quantized blocks; the input is not a GGUF")
+        }
+        Some(StoreDType::Blocks) => {}
         Some(StoreDType::Float(dtype)) => {
             let target = burn_mapped::dtype_name(dtype)
                 .and_then(|name| name.parse::<CastTo>().ok())
@@ -161,11 +166,16 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             bar.finish_and_clear();
             let on_disk = manifest.padded_bytes();
             println!(
-                "wrote {} tensors to {}: {} logical, {} on disk (dequantized from GGUF)",
+                "wrote {} tensors to {}: {} logical, {} on disk ({})",
                 manifest.tensors().len(),
                 args.out.display(),
                 HumanBytes(manifest.total_bytes()),
-                HumanBytes(on_disk)
+                HumanBytes(on_disk),
+                if dtype == StoreDType::Blocks {
+                    "projections as GGUF blocks, the rest dequantized"
+                } else {
+                    "dequantized from GGUF"
+                }
             );
             print_quant_errors(&manifest);
             return Ok(());

@@ -12,8 +12,8 @@ use burn_mapped_models::qwen2::{Sampler, Sampling, SamplingError};
 use burn_mapped_models::tokenizer::chat_prompt;
 use serde::Serialize;
 
+use crate::auto::Decision;
 use crate::fetch::default_cache_dir;
-use crate::placement::Decision;
 use crate::qwen;
 
 use super::placement_args::PlacementArgs;
@@ -46,10 +46,12 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Store dtype when converting: f32, f16, bf16, or q8 (int8 projections and LM head,
-    /// f32 embedding and norms). The store is cached as `stores/<gguf stem>-<dtype>`.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// Store dtype when converting: blocks (the projections and LM head keep the GGUF's
+    /// quantized blocks; CPU only), q8 (int8 projections and LM head with a scale per row),
+    /// or f32, f16, bf16; norms and embedding are f32 in the quantized stores. The store is
+    /// cached as `stores/<gguf stem>-<dtype>`. Default: blocks on the CPU, f32 elsewhere.
+    #[arg(long)]
+    pub dtype: Option<String>,
     /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
     #[arg(long)]
     pub strict: bool,
@@ -146,15 +148,29 @@ pub fn sampler_for(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, S
     })
 }
 
-/// Parses a store dtype name (f32, f16, bf16, q8).
+/// Parses a store dtype name (blocks, f32, f16, bf16, q8).
 pub fn parse_store_dtype(name: &str) -> anyhow::Result<qwen::StoreDType> {
     Ok(name.parse()?)
+}
+
+/// The store a GGUF is converted to when `--dtype` is not given: its own blocks where the
+/// block products run (Flex, the CPU), f32 elsewhere.
+pub fn default_store_dtype(device: &burn::tensor::Device) -> qwen::StoreDType {
+    if burn_mapped::is_flex(device) {
+        qwen::StoreDType::Blocks
+    } else {
+        qwen::StoreDType::Float(burn::tensor::DType::F32)
+    }
 }
 
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let dtype = parse_store_dtype(&args.dtype)?;
+    let device = args.place.device.device();
+    let dtype = match &args.dtype {
+        Some(name) => parse_store_dtype(name)?,
+        None => default_store_dtype(&device),
+    };
     let bar = super::progress::bytes_bar(0, "converting", args.json);
     let mut progress = |done: u64, total: u64, name: &str| {
         bar.set_length(total);
@@ -165,7 +181,6 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
 
     let tokenizer = qwen::load_tokenizer(&paths)?;
-    let device = args.place.device.device();
     let (placement, decision) = args
         .place
         .resolve(&paths.store, args.json)

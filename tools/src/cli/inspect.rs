@@ -40,6 +40,19 @@ pub struct TensorRow {
     /// Quantization scheme and scale tensor, when quantized.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub quant: Option<QuantRow>,
+    /// GGUF block type and values per row, when the tensor holds quantized blocks.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub blocks: Option<BlockRow>,
+}
+
+/// A tensor of GGUF blocks.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct BlockRow {
+    /// ggml's name of the block type (`Q4_K`).
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// Values per row.
+    pub cols: usize,
 }
 
 /// A quantization link.
@@ -164,6 +177,10 @@ pub fn report(dir: &Path) -> anyhow::Result<InspectReport> {
                 scale: q.scale.clone(),
                 rel_error: q.rel_error.map(f64::from),
             }),
+            blocks: t.blocks().map(|b| BlockRow {
+                ty: b.ty().name().to_string(),
+                cols: b.cols(),
+            }),
         })
         .collect();
     Ok(InspectReport {
@@ -191,11 +208,10 @@ pub fn render_table(report: &InspectReport) -> String {
                 .join(", ")
         )
     };
-    let quant = |t: &TensorRow| {
-        t.quant.as_ref().map_or_else(
-            || "-".to_string(),
-            |q| format!("{} -> {}", q.scheme, q.scale),
-        )
+    let quant = |t: &TensorRow| match (&t.quant, &t.blocks) {
+        (Some(q), _) => format!("{} -> {}", q.scheme, q.scale),
+        (None, Some(b)) => format!("{} blocks, {} per row", b.ty, b.cols),
+        (None, None) => "-".to_string(),
     };
     let rel_error = |t: &TensorRow| match t.quant.as_ref().map(|q| q.rel_error) {
         Some(Some(e)) => format!("{e:.3e}"),

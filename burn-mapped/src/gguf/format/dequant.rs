@@ -145,7 +145,7 @@ fn q5_0_row(src: &[u8], dst: &mut [f32]) {
 /// in 12 bytes: sub-blocks 0-3 use the low 6 bits of bytes 0-7; 4-7 combine
 /// a nibble of bytes 8-11 with the top 2 bits of bytes 0-7.
 #[inline(always)]
-fn q4_k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn q4_k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

@@ -9,6 +9,7 @@ mod error;
 mod reader;
 mod types;
 
+pub(crate) use dequant::q4_k_scale_min;
 pub use dequant::{can_dequantize, dequantize, dequantize_to_vec};
 pub use error::GgufError;
 pub use reader::{GgufFile, TensorInfo};

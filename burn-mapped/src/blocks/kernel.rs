@@ -1,0 +1,264 @@
+//! The block products on the host: `y[t, o] = sum_i w[o, i] * a[t, i]` with `w` read block by
+//! block from its (mapped) bytes and `a` the packed activations of [`super::act`].
+//!
+//! Work is split by output rows into slabs ([`Slabs`]), as the q8 kernel does. Each
+//! row is decoded once per tile of up to [`TILE_T`] activation rows; with more rows the row's
+//! bytes (at most a few KiB) stay in L1 while the next tile runs, so any `T` is one pass over
+//! the weights in memory. Per 32 values the kernels take an integer dot product of the row's
+//! unsigned quantized values with the activation's int8 values, scale it by the block's
+//! coefficient in f32, and subtract the block's offset or minimum times the activation sum.
+
+use burn::tensor::f16;
+
+use super::act::{ACT_BLOCK, Acts, TILE_T};
+use crate::gguf::format::{GgmlType, q4_k_scale_min};
+use crate::manifest::BlockLayout;
+use crate::slabs::Slabs;
+
+/// Smallest slab of weight bytes worth a task of its own.
+const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
+
+/// Which inner loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Isa {
+    /// Plain Rust.
+    Portable,
+    /// AVX2 + FMA + F16C: `vpmaddubsw` then `vpmaddwd` per 32 values.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// As `Avx2`, with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers) for the dot product.
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl Isa {
+    /// The best loop this CPU runs (run-time detection).
+    pub(super) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                if has!("avx512vnni") && has!("avx512vl") {
+                    return Isa::Vnni;
+                }
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Every loop this CPU can run, for tests that hold each to the definition.
+    #[cfg(test)]
+    pub(super) fn available() -> Vec<Self> {
+        let mut all = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        match Isa::detect() {
+            Isa::Vnni => all.extend([Isa::Avx2, Isa::Vnni]),
+            Isa::Avx2 => all.push(Isa::Avx2),
+            Isa::Portable => {}
+        }
+        all
+    }
+
+    /// Name for reports.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni => "avx512-vnni",
+        }
+    }
+}
+
+/// Operands of one product.
+#[derive(Clone, Copy)]
+pub(super) struct Product<'a> {
+    /// `[out, layout.row_bytes()]` blocks.
+    pub w: &'a [u8],
+    pub layout: BlockLayout,
+    pub out: usize,
+    pub acts: &'a Acts<'a>,
+    pub t: usize,
+    /// `[out]`.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// Computes the product into a new `[t, out]` buffer.
+pub(super) fn matmul(p: Product<'_>, isa: Isa) -> Vec<f32> {
+    let Product { t, out, layout, .. } = p;
+    let row_bytes = layout.row_bytes();
+    assert_eq!(p.w.len(), out * row_bytes, "block product: weight length");
+    if let Some(b) = p.bias {
+        assert_eq!(b.len(), out, "block product: bias length");
+    }
+    let slabs = Slabs {
+        row_bytes,
+        min_bytes: MIN_BYTES_PER_THREAD,
+        threads: 0,
+        row_multiple: 1,
+    };
+    slabs.run(out, t, |start, rows, dst| {
+        rows_into(p, isa, start, rows, dst)
+    })
+}
+
+fn rows_into(p: Product<'_>, isa: Isa, start: usize, rows: usize, dst: &mut [f32]) {
+    let row_bytes = p.layout.row_bytes();
+    for o in start..start + rows {
+        let w = &p.w[o * row_bytes..(o + 1) * row_bytes];
+        let bias = p.bias.map_or(0.0, |b| b[o]);
+        let mut t0 = 0;
+        while t0 < p.t {
+            let tt = TILE_T.min(p.t - t0);
+            let mut res = [0f32; TILE_T];
+            row(isa, p.layout.ty(), w, p.acts, t0, tt, &mut res);
+            for (j, r) in res.iter().take(tt).enumerate() {
+                dst[(o - start) * p.t + t0 + j] = r + bias;
+            }
+            t0 += tt;
+        }
+    }
+}
+
+/// One weight row against activation rows `t0..t0 + tt` into `res[..tt]`.
+fn row(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts<'_>,
+    t0: usize,
+    tt: usize,
+    res: &mut [f32; TILE_T],
+) {
+    match isa {
+        Isa::Portable => portable(ty, w, acts, t0, tt, res),
+        // SAFETY: `Isa::Avx2` comes only from `Isa::detect`, after checking AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { super::x86::avx2::row(ty, w, acts, t0, tt, res) },
+        // SAFETY: `Isa::Vnni` comes only from `Isa::detect`, after checking AVX2, FMA, F16C,
+        // AVX-512 VNNI and VL.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Vnni => unsafe { super::x86::vnni::row(ty, w, acts, t0, tt, res) },
+    }
+}
+
+/// 32 values of a block as small integers, with the coefficients that turn them into weights:
+/// `w[i] = mul[i / 16] * v[i] - sub[i / 16]`.
+pub(super) struct Chunk {
+    pub v: [i8; ACT_BLOCK],
+    pub mul: [f32; 2],
+    pub sub: [f32; 2],
+}
+
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Chunk `c` (32 values) of one block of `ty`.
+pub(super) fn chunk(ty: GgmlType, b: &[u8], c: usize) -> Chunk {
+    let mut v = [0i8; ACT_BLOCK];
+    match ty {
+        GgmlType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for (o, &q) in v.iter_mut().zip(&b[2..34]) {
+                *o = q as i8;
+            }
+            Chunk {
+                v,
+                mul: [d; 2],
+                sub: [0.0; 2],
+            }
+        }
+        GgmlType::Q5_0 => {
+            let d = f16_at(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for j in 0..16 {
+                let q = b[6 + j];
+                let h0 = (((qh >> j) & 1) << 4) as u8;
+                let h1 = (((qh >> (j + 16)) & 1) << 4) as u8;
+                v[j] = ((q & 0x0F) | h0) as i8 - 16;
+                v[j + 16] = ((q >> 4) | h1) as i8 - 16;
+            }
+            Chunk {
+                v,
+                mul: [d; 2],
+                sub: [0.0; 2],
+            }
+        }
+        GgmlType::Q4_K => {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let (sc, m) = q4_k_scale_min(c, &b[4..16]);
+            let q = &b[16 + 32 * (c / 2)..16 + 32 * (c / 2) + 32];
+            for (o, &q) in v.iter_mut().zip(q) {
+                *o = if c.is_multiple_of(2) {
+                    q & 0x0F
+                } else {
+                    q >> 4
+                } as i8;
+            }
+            let (mul, sub) = (d * f32::from(sc), dmin * f32::from(m));
+            Chunk {
+                v,
+                mul: [mul; 2],
+                sub: [sub; 2],
+            }
+        }
+        GgmlType::Q6_K => {
+            let d = f16_at(b, 208);
+            let (half, k) = (c / 4, c % 4);
+            let ql = &b[64 * half..64 * half + 64];
+            let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+            let sc = &b[192 + 8 * half..192 + 8 * half + 8];
+            for l in 0..32 {
+                let low = if k.is_multiple_of(2) {
+                    ql[l]
+                } else {
+                    ql[l + 32]
+                };
+                let low = if k < 2 { low & 0x0F } else { low >> 4 };
+                let high = (qh[l] >> (2 * k)) & 3;
+                v[l] = (low | (high << 4)) as i8 - 32;
+            }
+            Chunk {
+                v,
+                mul: [
+                    d * f32::from(sc[2 * k] as i8),
+                    d * f32::from(sc[2 * k + 1] as i8),
+                ],
+                sub: [0.0; 2],
+            }
+        }
+        other => unreachable!("BlockLayout admits no product for {}", other.name()),
+    }
+}
+
+fn portable(
+    ty: GgmlType,
+    w: &[u8],
+    acts: &Acts<'_>,
+    t0: usize,
+    tt: usize,
+    res: &mut [f32; TILE_T],
+) {
+    let chunks = ty.block_size() as usize / ACT_BLOCK;
+    for (bi, block) in w.chunks_exact(ty.type_size() as usize).enumerate() {
+        for c in 0..chunks {
+            let ch = chunk(ty, block, c);
+            let ab = bi * chunks + c;
+            for (j, r) in res.iter_mut().take(tt).enumerate() {
+                let t = t0 + j;
+                let a = &acts.q(t)[ab * ACT_BLOCK..(ab + 1) * ACT_BLOCK];
+                let mut dots = [0i32; 2];
+                for (i, (&v, &a)) in ch.v.iter().zip(a).enumerate() {
+                    dots[i / 16] += i32::from(v) * i32::from(a);
+                }
+                let ds16 = acts.ds16(t);
+                *r += acts.d(t)[ab] * (ch.mul[0] * dots[0] as f32 + ch.mul[1] * dots[1] as f32)
+                    - ch.sub[0] * ds16[2 * ab]
+                    - ch.sub[1] * ds16[2 * ab + 1];
+            }
+        }
+    }
+}

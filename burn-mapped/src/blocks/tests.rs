@@ -1,0 +1,221 @@
+//! Every inner loop this CPU has, held to the f64 definition of the product on edge shapes.
+//!
+//! The reference dequantizes the weights with the GGUF reader's own decoder and works in
+//! f64; the kernels share none of its code.
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
+
+use super::act::{self, ACT_BLOCK};
+use super::kernel::Isa;
+use super::weight::product;
+use super::{BlockInput, BlockLayout, BlockWeight};
+use crate::gguf::{GgmlType, dequantize_to_vec};
+
+const KINDS: [GgmlType; 4] = [
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// splitmix64: deterministic data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Offsets of a block's f16 scale fields.
+fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => unreachable!(),
+    }
+}
+
+/// Random blocks with scale `scale` (so magnitudes stay meaningful), row `zero_row` all zeros.
+fn blocks(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    scale: f32,
+    zero_row: Option<usize>,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    let layout = BlockLayout::new(ty, cols).unwrap();
+    let mut bytes: Vec<u8> = (0..rows * layout.row_bytes())
+        .map(|_| rng.next() as u8)
+        .collect();
+    let bb = ty.type_size() as usize;
+    for block in bytes.chunks_exact_mut(bb) {
+        for &at in scale_fields(ty) {
+            let s = scale * (0.5 + 0.5 * rng.unit().abs());
+            block[at..at + 2].copy_from_slice(&f16::from_f32(s).to_bits().to_le_bytes());
+        }
+    }
+    if let Some(r) = zero_row {
+        bytes[r * layout.row_bytes()..(r + 1) * layout.row_bytes()].fill(0);
+    }
+    bytes
+}
+
+/// `y[t, o] = sum_i w[o, i] * a[t, i]` in f64, with `a` the packed activations dequantized.
+fn reference(
+    ty: GgmlType,
+    w: &[u8],
+    out: usize,
+    cols: usize,
+    packed: &[u8],
+    t: usize,
+    bias: &[f32],
+) -> Vec<f64> {
+    let w = dequantize_to_vec(ty, w).unwrap();
+    assert_eq!(w.len(), out * cols);
+    let row = act::row_bytes(cols);
+    let a: Vec<f64> = packed
+        .chunks_exact(row)
+        .flat_map(|r| {
+            let d: Vec<f32> = r[cols..cols + cols / 8]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (0..cols).map(move |i| f64::from(r[i] as i8) * f64::from(d[i / ACT_BLOCK]))
+        })
+        .collect();
+    let mut y = vec![0f64; t * out];
+    for tt in 0..t {
+        for o in 0..out {
+            let s: f64 = (0..cols)
+                .map(|i| f64::from(w[o * cols + i]) * a[tt * cols + i])
+                .sum();
+            y[tt * out + o] = s + f64::from(bias[o]);
+        }
+    }
+    y
+}
+
+fn check(ty: GgmlType, out: usize, cols: usize, t: usize, scale: f32, seed: u64) {
+    let mut rng = Rng(seed);
+    let device = Device::flex();
+    let w = blocks(ty, out, cols, scale, Some(out / 2), &mut rng);
+    let x: Vec<f32> = (0..t * cols)
+        .map(|i| {
+            if i % cols < ACT_BLOCK && i / cols == 0 {
+                0.0
+            } else {
+                rng.unit() * 3.0
+            }
+        })
+        .collect();
+    let bias: Vec<f32> = (0..out).map(|_| rng.unit()).collect();
+    let layout = BlockLayout::new(ty, cols).unwrap();
+    let weight = BlockWeight::new(
+        Tensor::<2, Int>::from_data(
+            TensorData::new(w.clone(), [out, layout.row_bytes()]),
+            (&device, DType::U8),
+        ),
+        layout,
+    )
+    .unwrap();
+    let input = BlockInput::new(Tensor::<2>::from_data(
+        TensorData::new(x.clone(), [t, cols]),
+        &device,
+    ))
+    .unwrap();
+    let packed = act::quantize(&x, t, cols);
+    let expected = reference(ty, &w, out, cols, &packed, t, &bias);
+    let magnitude = {
+        let w = dequantize_to_vec(ty, &w).unwrap();
+        w.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) * 3.0 * cols as f64
+    };
+    for isa in Isa::available() {
+        let b = Tensor::<1>::from_data(TensorData::new(bias.clone(), [out]), &device);
+        let y = product(&input, &weight, Some(b), isa).unwrap();
+        assert_eq!(y.dims(), [t, out]);
+        let y = y.into_data().try_to_vec::<f32>().unwrap();
+        for (i, (&got, &want)) in y.iter().zip(&expected).enumerate() {
+            let tol = 1e-5 * magnitude + 1e-6;
+            assert!(
+                (f64::from(got) - want).abs() <= tol,
+                "{} {} [{out}x{cols}] T={t} scale {scale}: y[{}, {}] = {got}, f64 {want} (tol {tol})",
+                ty.name(),
+                isa.name(),
+                i / out,
+                i % out
+            );
+        }
+    }
+}
+
+#[test]
+fn every_kind_and_loop_matches_the_f64_definition_on_edge_shapes() {
+    for ty in KINDS {
+        let b = ty.block_size() as usize;
+        for (k, cols) in [b, 2 * b, 3 * b, 19 * b].into_iter().enumerate() {
+            for t in [1, 2, 3, 8, 9, 17] {
+                check(ty, 5, cols, t, 0.01, (k * 100 + t) as u64);
+            }
+        }
+        // Extreme scales: the largest f16, and one near the bottom of its normal range.
+        check(ty, 3, b, 2, 60000.0, 7);
+        check(ty, 3, b, 2, 1e-4, 8);
+    }
+}
+
+#[test]
+fn a_matrix_split_across_threads_matches_the_definition() {
+    // ~330 KB of Q8_0 blocks: more than one thread's minimum slab.
+    check(GgmlType::Q8_0, 600, 512, 3, 0.02, 11);
+    check(GgmlType::Q6_K, 300, 1024, 1, 0.02, 12);
+}
+
+/// The packed format is its definition: a scale per 32 of `absmax / 127`, values rounded
+/// half away from zero, sums of 16.
+#[test]
+fn activations_quantize_as_defined() {
+    let mut rng = Rng(3);
+    let (t, cols) = (2, 64);
+    let mut x: Vec<f32> = (0..t * cols).map(|_| rng.unit() * 5.0).collect();
+    x[32..64].fill(0.0);
+    x[64] = -7.5;
+    let packed = act::quantize(&x, t, cols);
+    let row = act::row_bytes(cols);
+    assert_eq!(packed.len(), t * row);
+    for (tt, r) in packed.chunks_exact(row).enumerate() {
+        for b in 0..cols / ACT_BLOCK {
+            let xs = &x[tt * cols + b * 32..tt * cols + b * 32 + 32];
+            let amax = xs.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max);
+            let d = f32::from_le_bytes(r[cols + 4 * b..cols + 4 * b + 4].try_into().unwrap());
+            assert_eq!(f64::from(d), f64::from((amax / 127.0) as f32));
+            for (i, &v) in xs.iter().enumerate() {
+                let want = if amax == 0.0 {
+                    0.0
+                } else {
+                    (f64::from(v) * 127.0 / amax).round()
+                };
+                let got = f64::from(r[b * 32 + i] as i8);
+                assert!(
+                    (got - want).abs() <= 1.0 && (got - want).abs() < 0.5 + 1e-3 || got == want,
+                    "t {tt} block {b} value {i}: {got} vs {want}"
+                );
+            }
+        }
+        for k in 0..cols / 16 {
+            let s: i32 = (0..16).map(|i| i32::from(r[16 * k + i] as i8)).sum();
+            let at = cols + cols / 8 + 2 * k;
+            assert_eq!(i32::from(i16::from_le_bytes([r[at], r[at + 1]])), s);
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! [`BlockWeight`], [`BlockInput`] and the products over them, on Flex tensors read in place.
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use super::act::{self, ACT_BLOCK, Acts};
+use super::error::BlockError;
+use super::kernel::{Isa, Product, matmul};
+use crate::error::StoreError;
+use crate::manifest::BlockLayout;
+use crate::placement::is_flex;
+use crate::store::MappedStore;
+
+/// A matrix of quantized GGUF blocks: a `u8` tensor `[out, layout.row_bytes()]` on Flex (for
+/// a store, the mapped file pages) and the layout that says what the bytes hold.
+///
+/// Borrowed by [`block_linear`], never consumed or written.
+#[derive(Debug, Clone)]
+pub struct BlockWeight {
+    bytes: Tensor<2, Int>,
+    layout: BlockLayout,
+}
+
+impl BlockWeight {
+    /// Pairs the bytes with their layout after checking dtype, shape and device.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::DType`] unless `bytes` is U8, [`BlockError::Shape`] unless its rows are
+    /// `layout.row_bytes()` long, [`BlockError::Device`] off Flex.
+    pub fn new(bytes: Tensor<2, Int>, layout: BlockLayout) -> Result<Self, BlockError> {
+        if bytes.dtype() != DType::U8 {
+            return Err(BlockError::DType {
+                what: "block weight",
+                found: bytes.dtype(),
+                expected: "U8",
+            });
+        }
+        let [out, row] = bytes.dims();
+        if row != layout.row_bytes() {
+            return Err(BlockError::Shape {
+                what: "block weight",
+                found: vec![out, row],
+                expected: format!(
+                    "[{out}, {}] ({} values of {} per row)",
+                    layout.row_bytes(),
+                    layout.cols(),
+                    layout.ty().name()
+                ),
+            });
+        }
+        check_flex("block weight", &bytes.device())?;
+        Ok(Self { bytes, layout })
+    }
+
+    /// The block matrix `name` of `store`, adopting its mapped pages (no copy).
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::NotBlocks`] if the manifest gives `name` no block layout, store errors
+    /// if it is absent, and the checks of [`new`](Self::new).
+    pub fn from_store(
+        store: &MappedStore,
+        name: &str,
+        device: &Device,
+    ) -> Result<Self, BlockError> {
+        let entry = store.manifest().get(name).ok_or_else(|| {
+            BlockError::Store(Box::new(StoreError::TensorNotFound {
+                tensor: name.to_string(),
+                dir: store.dir().to_path_buf(),
+            }))
+        })?;
+        let layout = entry.blocks().ok_or_else(|| BlockError::NotBlocks {
+            tensor: name.to_string(),
+        })?;
+        let data = store
+            .tensor_data(name)
+            .map_err(|e| BlockError::Store(Box::new(e)))?;
+        Self::new(
+            Tensor::<2, Int>::from_data(data, (device, DType::U8)),
+            layout,
+        )
+    }
+
+    /// Rows of the matrix (`out`).
+    pub fn out_features(&self) -> usize {
+        self.bytes.dims()[0]
+    }
+
+    /// Values per row (`in`).
+    pub fn in_features(&self) -> usize {
+        self.layout.cols()
+    }
+
+    /// What the bytes hold.
+    pub fn layout(&self) -> BlockLayout {
+        self.layout
+    }
+
+    /// The bytes, `[out, row_bytes]`.
+    pub fn bytes(&self) -> &Tensor<2, Int> {
+        &self.bytes
+    }
+
+    /// Bytes a product reads from the weight.
+    pub fn byte_len(&self) -> usize {
+        self.out_features() * self.layout.row_bytes()
+    }
+}
+
+/// Activations `[T, in]` quantized once (8 bits per value, a scale per 32) for any number of
+/// products over the same rows: the query, key and value projections, or gate and up.
+#[derive(Debug, Clone)]
+pub struct BlockInput {
+    /// Packed rows (see `act`), U8 `[T, act::row_bytes(in)]`.
+    packed: Tensor<2, Int>,
+    inp: usize,
+    dtype: DType,
+}
+
+impl BlockInput {
+    /// Quantizes `x` (`[T, in]`, any float dtype, on Flex; `in % 32 == 0`).
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::Shape`] when `in` is not a multiple of 32, [`BlockError::Device`] off
+    /// Flex.
+    pub fn new(x: Tensor<2>) -> Result<Self, BlockError> {
+        let [t, inp] = x.dims();
+        if !inp.is_multiple_of(ACT_BLOCK) {
+            return Err(BlockError::Shape {
+                what: "block product input",
+                found: vec![t, inp],
+                expected: format!("[{t}, a multiple of {ACT_BLOCK}]"),
+            });
+        }
+        check_flex("block product input", &x.device())?;
+        let dtype = x.dtype();
+        let device = x.device();
+        let x = if dtype == DType::F32 {
+            x
+        } else {
+            x.cast(DType::F32)
+        };
+        let flex = contiguous(x.try_into_primitive::<Flex>().expect("checked: on Flex"));
+        let packed = act::quantize(flex.as_slice::<f32>().expect("f32"), t, inp);
+        let packed = Tensor::<2, Int>::from_data(
+            TensorData::new(packed, [t, act::row_bytes(inp)]),
+            (&device, DType::U8),
+        );
+        Ok(Self { packed, inp, dtype })
+    }
+
+    /// `[T, in]`.
+    pub fn dims(&self) -> [usize; 2] {
+        [self.packed.dims()[0], self.inp]
+    }
+}
+
+/// `y = x W^T + bias` for a block weight: `x` is `[T, in]`, the result `[T, out]` in `x`'s
+/// dtype. The activations are quantized to 8 bits per value with a scale per 32 (see
+/// [`BlockInput`]); accumulation is exact in integers within each block and f32 across them.
+///
+/// # Errors
+///
+/// [`BlockError::Shape`] for an `x` whose width is not the weight's or a bias not `[out]`,
+/// [`BlockError::Device`] for operands off Flex.
+pub fn block_linear(
+    x: Tensor<2>,
+    w: &BlockWeight,
+    bias: Option<Tensor<1>>,
+) -> Result<Tensor<2>, BlockError> {
+    block_linear_input(&BlockInput::new(x)?, w, bias)
+}
+
+/// [`block_linear`] on activations quantized once for several products.
+///
+/// # Errors
+///
+/// As [`block_linear`].
+pub fn block_linear_input(
+    input: &BlockInput,
+    w: &BlockWeight,
+    bias: Option<Tensor<1>>,
+) -> Result<Tensor<2>, BlockError> {
+    product(input, w, bias, Isa::detect())
+}
+
+/// The product with a chosen inner loop (tests hold every loop the CPU has to the definition).
+pub(super) fn product(
+    input: &BlockInput,
+    w: &BlockWeight,
+    bias: Option<Tensor<1>>,
+    isa: Isa,
+) -> Result<Tensor<2>, BlockError> {
+    let [t, inp] = input.dims();
+    let out = w.out_features();
+    if inp != w.in_features() {
+        return Err(BlockError::Shape {
+            what: "block product input",
+            found: vec![t, inp],
+            expected: format!("[{t}, {}]", w.in_features()),
+        });
+    }
+    let bias = match bias {
+        Some(b) if b.dims() != [out] => {
+            return Err(BlockError::Shape {
+                what: "block product bias",
+                found: b.dims().to_vec(),
+                expected: format!("[{out}]"),
+            });
+        }
+        Some(b) => {
+            check_flex("block product bias", &b.device())?;
+            let b = if b.dtype() == DType::F32 {
+                b
+            } else {
+                b.cast(DType::F32)
+            };
+            Some(contiguous(
+                b.try_into_primitive::<Flex>().expect("checked: on Flex"),
+            ))
+        }
+        None => None,
+    };
+    let device = w.bytes.device();
+    let weight = contiguous(
+        w.bytes
+            .clone()
+            .try_into_primitive::<Flex>()
+            .expect("checked: on Flex"),
+    );
+    let packed = contiguous(
+        input
+            .packed
+            .clone()
+            .try_into_primitive::<Flex>()
+            .expect("checked: on Flex"),
+    );
+    let acts = Acts::parse(packed.as_slice::<u8>().expect("u8"), t, inp);
+    let y = matmul(
+        Product {
+            w: weight.as_slice::<u8>().expect("u8"),
+            layout: w.layout,
+            out,
+            acts: &acts,
+            t,
+            bias: bias.as_ref().map(|b| b.as_slice::<f32>().expect("f32")),
+        },
+        isa,
+    );
+    let y =
+        Tensor::<2>::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(y, [t, out])));
+    debug_assert_eq!(y.device(), device);
+    Ok(if input.dtype == DType::F32 {
+        y
+    } else {
+        y.cast(input.dtype)
+    })
+}
+
+fn check_flex(what: &'static str, device: &Device) -> Result<(), BlockError> {
+    if is_flex(device) {
+        Ok(())
+    } else {
+        Err(BlockError::Device {
+            what,
+            device: format!("{device:?}"),
+        })
+    }
+}
+
+/// `t` itself when its elements are contiguous from offset 0 (always so for adopted store
+/// tensors), a contiguous copy otherwise.
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.is_contiguous() && t.layout().start_offset() == 0 {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
