@@ -27,6 +27,17 @@ impl Slabs {
         t: usize,
         fill: impl Fn(usize, usize, &mut [f32]) + Sync,
     ) -> Vec<f32> {
+        let yt = self.run_rows(out, t, fill);
+        transpose(&yt, out, t)
+    }
+
+    /// As [`run`](Self::run), returning the `[out, t]` buffer as the slabs filled it.
+    pub(crate) fn run_rows(
+        &self,
+        out: usize,
+        t: usize,
+        fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+    ) -> Vec<f32> {
         let mut yt = vec![f32::NAN; out * t];
         if t == 0 || out == 0 {
             return yt;
@@ -58,15 +69,20 @@ impl Slabs {
                 row += rows;
             }
         });
-        if t == 1 {
-            return yt;
-        }
-        let mut y = vec![f32::NAN; t * out];
-        for o in 0..out {
-            for tt in 0..t {
-                y[tt * out + o] = yt[o * t + tt];
-            }
-        }
-        y
+        yt
     }
+}
+
+/// `[out, t]` row-major as `[t, out]`.
+pub(crate) fn transpose(yt: &[f32], out: usize, t: usize) -> Vec<f32> {
+    if t == 1 {
+        return yt.to_vec();
+    }
+    let mut y = vec![f32::NAN; t * out];
+    for o in 0..out {
+        for tt in 0..t {
+            y[tt * out + o] = yt[o * t + tt];
+        }
+    }
+    y
 }

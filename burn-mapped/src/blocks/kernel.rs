@@ -13,7 +13,7 @@ use burn::tensor::f16;
 use super::act::{ACT_BLOCK, Acts, TILE_T};
 use crate::gguf::format::{GgmlType, q4_k_scale_min};
 use crate::manifest::BlockLayout;
-use crate::slabs::Slabs;
+use crate::slabs::{Slabs, transpose};
 
 /// Smallest slab of weight bytes worth a task of its own.
 const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
@@ -85,23 +85,48 @@ pub(super) struct Product<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
-/// Computes the product into a new `[t, out]` buffer.
-pub(super) fn matmul(p: Product<'_>, isa: Isa) -> Vec<f32> {
-    let Product { t, out, layout, .. } = p;
-    let row_bytes = layout.row_bytes();
-    assert_eq!(p.w.len(), out * row_bytes, "block product: weight length");
-    if let Some(b) = p.bias {
-        assert_eq!(b.len(), out, "block product: bias length");
+/// Computes several products over the same activations, each into a new `[t, out]` buffer,
+/// in one pass of the thread pool: their rows are cut into slabs as if they were one matrix, so
+/// the small ones (a layer's key and value) do not each wait for the pool.
+pub(super) fn matmul_many(ps: &[Product<'_>], isa: Isa) -> Vec<Vec<f32>> {
+    let t = ps.first().map_or(0, |p| p.t);
+    let mut starts = Vec::with_capacity(ps.len());
+    let (mut total, mut bytes) = (0, 0);
+    for p in ps {
+        assert_eq!(p.t, t, "block products over one input: rows");
+        assert_eq!(
+            p.w.len(),
+            p.out * p.layout.row_bytes(),
+            "block product: weight length"
+        );
+        if let Some(b) = p.bias {
+            assert_eq!(b.len(), p.out, "block product: bias length");
+        }
+        starts.push(total);
+        total += p.out;
+        bytes += p.w.len();
     }
     let slabs = Slabs {
-        row_bytes,
+        row_bytes: bytes.div_ceil(total.max(1)),
         min_bytes: MIN_BYTES_PER_THREAD,
         threads: 0,
         row_multiple: 1,
     };
-    slabs.run(out, t, |start, rows, dst| {
-        rows_into(p, isa, start, rows, dst)
-    })
+    let yt = slabs.run_rows(total, t, |start, rows, dst| {
+        // The products whose rows meet `start..start + rows`, each on its part of `dst`.
+        for (p, &first) in ps.iter().zip(&starts) {
+            let lo = start.max(first);
+            let hi = (start + rows).min(first + p.out);
+            if lo < hi {
+                let piece = &mut dst[(lo - start) * t..(hi - start) * t];
+                rows_into(*p, isa, lo - first, hi - lo, piece);
+            }
+        }
+    });
+    ps.iter()
+        .zip(&starts)
+        .map(|(p, &first)| transpose(&yt[first * t..(first + p.out) * t], p.out, t))
+        .collect()
 }
 
 fn rows_into(p: Product<'_>, isa: Isa, start: usize, rows: usize, dst: &mut [f32]) {

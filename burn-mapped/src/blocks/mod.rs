@@ -21,7 +21,7 @@ mod x86;
 
 pub use crate::manifest::BlockLayout;
 pub use error::BlockError;
-pub use weight::{BlockInput, BlockWeight, block_linear, block_linear_input};
+pub use weight::{BlockInput, BlockWeight, block_linear, block_linear_input, block_linear_shared};
 
 /// The inner loop this machine runs (for benchmark reports).
 pub fn cpu_kernel_name() -> &'static str {

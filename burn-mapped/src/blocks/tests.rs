@@ -7,7 +7,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
 
 use super::act::{self, ACT_BLOCK};
 use super::kernel::Isa;
-use super::weight::product;
+use super::weight::products;
 use super::{BlockInput, BlockLayout, BlockWeight};
 use crate::gguf::{GgmlType, dequantize_to_vec};
 
@@ -142,7 +142,10 @@ fn check(ty: GgmlType, out: usize, cols: usize, t: usize, scale: f32, seed: u64)
     };
     for isa in Isa::available() {
         let b = Tensor::<1>::from_data(TensorData::new(bias.clone(), [out]), &device);
-        let y = product(&input, &weight, Some(b), isa).unwrap();
+        let y = products(&input, &[(&weight, Some(b))], isa)
+            .unwrap()
+            .pop()
+            .unwrap();
         assert_eq!(y.dims(), [t, out]);
         let y = y.into_data().try_to_vec::<f32>().unwrap();
         for (i, (&got, &want)) in y.iter().zip(&expected).enumerate() {
@@ -216,6 +219,63 @@ fn activations_quantize_as_defined() {
             let s: i32 = (0..16).map(|i| i32::from(r[16 * k + i] as i8)).sum();
             let at = cols + cols / 8 + 2 * k;
             assert_eq!(i32::from(i16::from_le_bytes([r[at], r[at + 1]])), s);
+        }
+    }
+}
+
+/// Products sharing one input run as one set of slabs, whose cuts fall inside and across the
+/// products: each result is still its own product's.
+#[test]
+fn products_over_one_input_each_match_their_own_definition() {
+    let mut rng = Rng(21);
+    let device = Device::flex();
+    let (cols, t) = (512, 2);
+    // ~330 KB in all: cut into slabs that straddle the products' boundaries.
+    let shapes = [
+        (GgmlType::Q5_0, 300),
+        (GgmlType::Q8_0, 7),
+        (GgmlType::Q6_K, 250),
+        (GgmlType::Q4_K, 40),
+    ];
+    let x: Vec<f32> = (0..t * cols).map(|_| rng.unit() * 2.0).collect();
+    let input = BlockInput::new(Tensor::<2>::from_data(
+        TensorData::new(x.clone(), [t, cols]),
+        &device,
+    ))
+    .unwrap();
+    let packed = act::quantize(&x, t, cols);
+    let mut weights = Vec::new();
+    let mut expected = Vec::new();
+    for &(ty, out) in &shapes {
+        let layout = BlockLayout::new(ty, cols).unwrap();
+        let w = blocks(ty, out, cols, 0.02, None, &mut rng);
+        expected.push(reference(ty, &w, out, cols, &packed, t, &vec![0.0; out]));
+        weights.push(
+            BlockWeight::new(
+                Tensor::<2, Int>::from_data(
+                    TensorData::new(w, [out, layout.row_bytes()]),
+                    (&device, DType::U8),
+                ),
+                layout,
+            )
+            .unwrap(),
+        );
+    }
+    let layers: Vec<_> = weights.iter().map(|w| (w, None)).collect();
+    for isa in Isa::available() {
+        let ys = products(&input, &layers, isa).unwrap();
+        for ((y, want), &(ty, out)) in ys.into_iter().zip(&expected).zip(&shapes) {
+            assert_eq!(y.dims(), [t, out]);
+            let y: Vec<f32> = y.into_data().try_to_vec().unwrap();
+            let scale = want.iter().map(|v| v.abs()).fold(1.0, f64::max);
+            for (i, (&got, &w)) in y.iter().zip(want).enumerate() {
+                assert!(
+                    (f64::from(got) - w).abs() <= 1e-5 * scale,
+                    "{} {}: y[{i}] = {got}, f64 {w}",
+                    ty.name(),
+                    isa.name()
+                );
+            }
         }
     }
 }

@@ -6,7 +6,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::act::{self, ACT_BLOCK, Acts};
 use super::error::BlockError;
-use super::kernel::{Isa, Product, matmul};
+use super::kernel::{Isa, Product, matmul_many};
 use crate::error::StoreError;
 use crate::manifest::BlockLayout;
 use crate::placement::is_flex;
@@ -184,53 +184,70 @@ pub fn block_linear_input(
     w: &BlockWeight,
     bias: Option<Tensor<1>>,
 ) -> Result<Tensor<2>, BlockError> {
-    product(input, w, bias, Isa::detect())
+    let mut y = products(input, &[(w, bias)], Isa::detect())?;
+    Ok(y.pop().expect("one product"))
 }
 
-/// The product with a chosen inner loop (tests hold every loop the CPU has to the definition).
-pub(super) fn product(
+/// The products of several weights over one input (a layer's query, key and value, or gate
+/// and up), computed in one pass of the thread pool: their rows are shared out among the
+/// threads as if they were one matrix, so the small products do not each wait for the pool.
+///
+/// # Errors
+///
+/// As [`block_linear`], for any of the weights.
+pub fn block_linear_shared(
     input: &BlockInput,
-    w: &BlockWeight,
-    bias: Option<Tensor<1>>,
+    layers: &[(&BlockWeight, Option<Tensor<1>>)],
+) -> Result<Vec<Tensor<2>>, BlockError> {
+    products(input, layers, Isa::detect())
+}
+
+/// The products with a chosen inner loop (tests hold every loop the CPU has to the definition).
+pub(super) fn products(
+    input: &BlockInput,
+    layers: &[(&BlockWeight, Option<Tensor<1>>)],
     isa: Isa,
-) -> Result<Tensor<2>, BlockError> {
+) -> Result<Vec<Tensor<2>>, BlockError> {
     let [t, inp] = input.dims();
-    let out = w.out_features();
-    if inp != w.in_features() {
-        return Err(BlockError::Shape {
-            what: "block product input",
-            found: vec![t, inp],
-            expected: format!("[{t}, {}]", w.in_features()),
-        });
-    }
-    let bias = match bias {
-        Some(b) if b.dims() != [out] => {
+    let mut weights = Vec::with_capacity(layers.len());
+    let mut biases = Vec::with_capacity(layers.len());
+    for (w, bias) in layers {
+        let out = w.out_features();
+        if inp != w.in_features() {
             return Err(BlockError::Shape {
-                what: "block product bias",
-                found: b.dims().to_vec(),
-                expected: format!("[{out}]"),
+                what: "block product input",
+                found: vec![t, inp],
+                expected: format!("[{t}, {}]", w.in_features()),
             });
         }
-        Some(b) => {
-            check_flex("block product bias", &b.device())?;
-            let b = if b.dtype() == DType::F32 {
-                b
-            } else {
-                b.cast(DType::F32)
-            };
-            Some(contiguous(
-                b.try_into_primitive::<Flex>().expect("checked: on Flex"),
-            ))
-        }
-        None => None,
-    };
-    let device = w.bytes.device();
-    let weight = contiguous(
-        w.bytes
-            .clone()
-            .try_into_primitive::<Flex>()
-            .expect("checked: on Flex"),
-    );
+        biases.push(match bias {
+            Some(b) if b.dims() != [out] => {
+                return Err(BlockError::Shape {
+                    what: "block product bias",
+                    found: b.dims().to_vec(),
+                    expected: format!("[{out}]"),
+                });
+            }
+            Some(b) => {
+                check_flex("block product bias", &b.device())?;
+                let b = if b.dtype() == DType::F32 {
+                    b.clone()
+                } else {
+                    b.clone().cast(DType::F32)
+                };
+                Some(contiguous(
+                    b.try_into_primitive::<Flex>().expect("checked: on Flex"),
+                ))
+            }
+            None => None,
+        });
+        weights.push(contiguous(
+            w.bytes
+                .clone()
+                .try_into_primitive::<Flex>()
+                .expect("checked: on Flex"),
+        ));
+    }
     let packed = contiguous(
         input
             .packed
@@ -239,25 +256,34 @@ pub(super) fn product(
             .expect("checked: on Flex"),
     );
     let acts = Acts::parse(packed.as_slice::<u8>().expect("u8"), t, inp);
-    let y = matmul(
-        Product {
-            w: weight.as_slice::<u8>().expect("u8"),
+    let ps: Vec<Product<'_>> = layers
+        .iter()
+        .zip(&weights)
+        .zip(&biases)
+        .map(|(((w, _), bytes), bias)| Product {
+            w: bytes.as_slice::<u8>().expect("u8"),
             layout: w.layout,
-            out,
+            out: w.out_features(),
             acts: &acts,
             t,
             bias: bias.as_ref().map(|b| b.as_slice::<f32>().expect("f32")),
-        },
-        isa,
-    );
-    let y =
-        Tensor::<2>::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(y, [t, out])));
-    debug_assert_eq!(y.device(), device);
-    Ok(if input.dtype == DType::F32 {
-        y
-    } else {
-        y.cast(input.dtype)
-    })
+        })
+        .collect();
+    Ok(matmul_many(&ps, isa)
+        .into_iter()
+        .zip(layers)
+        .map(|(y, (w, _))| {
+            let y = Tensor::<2>::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(
+                y,
+                [t, w.out_features()],
+            )));
+            if input.dtype == DType::F32 {
+                y
+            } else {
+                y.cast(input.dtype)
+            }
+        })
+        .collect())
 }
 
 fn check_flex(what: &'static str, device: &Device) -> Result<(), BlockError> {

@@ -11,6 +11,7 @@ use burn::tensor::{DType, Device, Int, Shape, Tensor};
 use burn_mapped::Stager;
 use burn_mapped::blocks::{
     BlockError, BlockInput, BlockLayout, BlockWeight, block_linear, block_linear_input,
+    block_linear_shared,
 };
 use burn_mapped::q8::{Q8Error, Q8Input, Q8Weight, q8_linear, q8_linear_input};
 
@@ -272,7 +273,22 @@ impl Projection {
             .collect();
         if let Some(blocks) = blocks {
             let input = BlockInput::new(x).unwrap_or_else(|e| panic!("BlockLinear input: {e}"));
-            return std::array::from_fn(|i| blocks[i].forward_input(&input));
+            let weights: Vec<BlockWeight> = blocks
+                .iter()
+                .map(|b| {
+                    b.block_weight()
+                        .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}"))
+                })
+                .collect();
+            let layers: Vec<_> = weights
+                .iter()
+                .zip(&blocks)
+                .map(|(w, b)| (w, b.bias.as_ref().map(|b| b.val())))
+                .collect();
+            let mut ys = block_linear_shared(&input, &layers)
+                .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
+                .into_iter();
+            return std::array::from_fn(|_| ys.next().expect("one output per layer"));
         }
         let q8: Option<Vec<&Q8Linear>> = layers
             .iter()
