@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Qwen2.5-Coder-0.5B greedy decode through `burn-mapped generate`, per store dtype and device.
+"""Qwen2.5-Coder-0.5B greedy decode through `burn-mapped generate`, per store dtype and device,
+and through llama.cpp (llama-cpp-python) on the same GGUF when `llama.cpp` is among --dtypes.
 
 Runs the CLI once per (round, dtype, prompt) on the four prompts of the float64 reference
 (`models/tests/fixtures/qwen25_real/reference.json`), each in its own process, and reports:
@@ -9,8 +10,12 @@ Runs the CLI once per (round, dtype, prompt) on the four prompts of the float64 
 Prints one JSON object (also to --json) and a short table. The first run of a dtype converts
 the GGUF into its store (cached under --cache-dir); an untimed one-token run does that first.
 
+The llama.cpp arm feeds the reference's prompt ids to llama-cpp-python in a process of its own
+per run, with --threads threads, greedy, and reports the same fields as `generate --json`
+(model-ready: the model's load; time to first token: load + prompt, from the start of loading). Arms alternate within each round, so rates compare as ratios.
+
   python3 benches/python/qwen_decode.py --bin target/release/burn-mapped --device cpu \
-      --placement map --json cpu.json
+      --placement map --dtypes blocks,q8,llama.cpp --json cpu.json
 """
 
 import argparse
@@ -26,7 +31,44 @@ REFERENCE = os.path.join(
 )
 
 
+LLAMA_CPP = r"""
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+t0 = time.perf_counter()
+gguf, ids, n, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=gguf, n_ctx=len(ids) + n + 8, n_threads=threads,
+            n_threads_batch=threads, n_batch=512, verbose=False)
+t1 = time.perf_counter()
+vocab = llm.n_vocab()
+def top():
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+llm.eval(ids)
+out = [top()]
+t2 = time.perf_counter()
+while len(out) < n:
+    llm.eval([out[-1]])
+    out.append(top())
+t3 = time.perf_counter()
+print(json.dumps({"prompt_ids": ids, "generated_ids": out, "model_ready_ms": (t1 - t0) * 1e3,
+                  "time_to_first_token_ms": (t2 - t0) * 1e3,
+                  "decode_tokens_per_s": (n - 1) / (t3 - t2), "rss_anon_bytes": None}))
+"""
+
+
+def llama_cpp(args, prompt, tokens):
+    cmd = [sys.executable, "-c", LLAMA_CPP, args.gguf, json.dumps(prompt["prompt_ids"]),
+           str(tokens), str(args.threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"llama.cpp run failed with {done.returncode}")
+    return json.loads(done.stdout)
+
+
 def generate(args, dtype, prompt, tokens):
+    if dtype == "llama.cpp":
+        return llama_cpp(args, prompt, tokens)
     cmd = [
         args.bin, "generate", "--json", "--device", args.device, "--placement", args.placement,
         "--dtype", dtype, "--max-tokens", str(tokens),
@@ -57,6 +99,10 @@ def main():
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cache-dir")
+    p.add_argument("--gguf", default=os.path.expanduser(
+        "~/.cache/burn-mapped/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+        help="the GGUF llama.cpp reads (the checkpoint the stores were converted from)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp threads")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -123,7 +169,7 @@ def main():
         with open(args.json, "w") as f:
             f.write(text)
     print(text)
-    print(f"\n{'dtype':6} {'tok/s median (min-max)':26} {'TTFT ms':10} "
+    print(f"\n{'dtype':9} {'tok/s median (min-max)':26} {'TTFT ms':10} "
           f"ref {len(prompts[0]['generated_ids'])}: equal (prefix) per prompt; "
           f"equal to f32 of {args.tokens}")
     for dtype, s in summary.items():
@@ -131,7 +177,7 @@ def main():
         refs = " ".join(f"{r['reference_equal_of_32']}({r['reference_prefix_equal']})"
                         for r in s["per_prompt"])
         f32 = " ".join(str(r.get("f32_equal", "-")) for r in s["per_prompt"])
-        print(f"{dtype:6} {d['median']:7.2f} ({d['min']:.2f}-{d['max']:.2f}){'':8} "
+        print(f"{dtype:9} {d['median']:7.2f} ({d['min']:.2f}-{d['max']:.2f}){'':8} "
               f"{s['time_to_first_token_ms']['median']:8.1f}   {refs}; {f32}")
 
 
