@@ -5,8 +5,9 @@
 //! row is decoded once per tile of up to [`TILE_T`] activation rows; with more rows the row's
 //! bytes (at most a few KiB) stay in L1 while the next tile runs, so any `T` is one pass over
 //! the weights in memory. Per 32 values the kernels take an integer dot product of the row's
-//! unsigned quantized values with the activation's int8 values, scale it by the block's
-//! coefficient in f32, and subtract the block's offset or minimum times the activation sum.
+//! quantized values as unsigned bytes (Q8_0's magnitudes, its signs moved onto the
+//! activations) with the activation's int8 values, scale it by the block's coefficient in f32,
+//! and subtract the block's offset or minimum times the activation sum.
 
 use burn::tensor::f16;
 
