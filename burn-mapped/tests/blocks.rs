@@ -4,13 +4,13 @@
 
 use std::path::Path;
 
-use burn::backend::Flex;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_mapped::blocks::{BlockError, BlockWeight, block_linear};
 use burn_mapped::gguf::{
     GgmlType, GgufConvert, GgufConvertError, GgufFile, MappedGguf, dequantize_to_vec, gguf_to_store,
 };
 use burn_mapped::{Existing, Manifest, MappedStore, StoreError};
+use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
 
 const TINY_GGUF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gguf/tiny.gguf");
@@ -73,9 +73,7 @@ fn a_block_weight_is_the_mapped_pages_and_its_product_the_f64_one() {
     let store = MappedStore::open(&out).unwrap();
     let device = Device::flex();
     let weight = BlockWeight::from_store(&store, "t.q8_0", &device).unwrap();
-    let flex = weight.bytes().clone().try_into_primitive::<Flex>().unwrap();
-    let start = flex.bytes().as_ptr() as usize;
-    let range = start..start + flex.bytes().len();
+    let range = flex_storage(weight.bytes().clone());
     assert!(inside_a_mapping(&range, &store_mappings(&out)), "copied");
 
     let file = GgufFile::open(TINY_GGUF).unwrap();

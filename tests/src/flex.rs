@@ -4,13 +4,18 @@
 use std::ops::Range;
 
 use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
 use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::tensor::kind::Basic;
+use burn::tensor::{BackendPrimitive, Tensor};
 
 use crate::params::{ParamProbe, probe_float_params};
 
-/// Address range of a Flex tensor's storage.
-pub fn flex_storage<const D: usize>(tensor: Tensor<D>) -> Range<usize> {
+/// Address range of a Flex tensor's storage, float or integer.
+pub fn flex_storage<const D: usize, K>(tensor: Tensor<D, K>) -> Range<usize>
+where
+    K: Basic + BackendPrimitive<Flex, Primitive = FlexTensor>,
+{
     let flex = tensor
         .try_into_primitive::<Flex>()
         .expect("the default test device is Flex");

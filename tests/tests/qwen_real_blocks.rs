@@ -12,12 +12,10 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use std::ops::Range;
-
-use burn::backend::Flex;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_mapped::gguf::{GgmlType, GgufFile};
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax, hf_name};
+use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
 use burn_mapped_tests::real::real_reference;
 use burn_mapped_tools::fetch::default_cache_dir;
@@ -33,13 +31,6 @@ const LOGIT_BOUND: f64 = 2e-2;
 /// Below this top-2 margin (in logits) the reference's choice may flip under the activation
 /// quantization; a difference in the greedy tokens is accepted only after such a position.
 const NEAR_TIE: f64 = 0.05;
-
-fn storage(tensor: Tensor<2, Int>) -> Range<usize> {
-    let flex = tensor.try_into_primitive::<Flex>().expect("on Flex");
-    let bytes = flex.bytes();
-    let start = bytes.as_ptr() as usize;
-    start..start + bytes.len()
-}
 
 #[test]
 fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
@@ -98,7 +89,7 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
         let Projection::Blocks(b) = projection else {
             panic!("a projection of the block store is not a block layer");
         };
-        let range = storage(b.weight.val());
+        let range = flex_storage(b.weight.val());
         assert!(inside_a_mapping(&range, &maps), "{range:x?} is a copy");
     }
 

@@ -75,8 +75,7 @@ impl<'a> Acts<'a> {
         let mut ds32 = Vec::with_capacity(t * blocks);
         let mut ds16 = Vec::with_capacity(t * blocks * 2);
         for r in bytes.chunks_exact(row) {
-            let (_, rest) = r.split_at(inp);
-            let (scales, sums) = rest.split_at(blocks * 4);
+            let (scales, sums) = r[inp..].split_at(blocks * 4);
             let sum16 = |k: usize| f32::from(i16::from_le_bytes([sums[2 * k], sums[2 * k + 1]]));
             for (b, c) in scales.chunks_exact(4).enumerate() {
                 let scale = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -86,8 +85,7 @@ impl<'a> Acts<'a> {
                 ds16.push(scale * sum16(2 * b + 1));
             }
         }
-        // Rows of values are `row` bytes apart; keep the whole buffer and index by row.
-        let _ = all;
+        // Rows of values are `row` bytes apart: `q` indexes the whole buffer by row.
         Acts {
             q: all,
             inp,

@@ -9,10 +9,8 @@
 //! activations) with the activation's int8 values, scale it by the block's coefficient in f32,
 //! and subtract the block's offset or minimum times the activation sum.
 
-use burn::tensor::f16;
-
 use super::act::{ACT_BLOCK, Acts, TILE_T};
-use crate::gguf::format::{GgmlType, q4_k_scale_min};
+use crate::gguf::format::{GgmlType, f16_at, q4_k_scale_min};
 use crate::manifest::BlockLayout;
 use crate::slabs::{Slabs, transpose};
 
@@ -176,10 +174,6 @@ pub(super) struct Chunk {
     pub v: [i8; ACT_BLOCK],
     pub mul: [f32; 2],
     pub sub: [f32; 2],
-}
-
-pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 /// Chunk `c` (32 values) of one block of `ty`.

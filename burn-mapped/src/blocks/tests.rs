@@ -9,6 +9,7 @@ use super::act::{self, ACT_BLOCK};
 use super::kernel::Isa;
 use super::weight::products;
 use super::{BlockInput, BlockLayout, BlockWeight};
+use crate::gguf::format::scale_offsets;
 use crate::gguf::{GgmlType, dequantize_to_vec};
 
 const KINDS: [GgmlType; 4] = [
@@ -35,16 +36,6 @@ impl Rng {
     }
 }
 
-/// Offsets of a block's f16 scale fields.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
-        GgmlType::Q4_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => unreachable!(),
-    }
-}
-
 /// Random blocks with scale `scale` (so magnitudes stay meaningful), row `zero_row` all zeros.
 fn blocks(
     ty: GgmlType,
@@ -60,7 +51,7 @@ fn blocks(
         .collect();
     let bb = ty.type_size() as usize;
     for block in bytes.chunks_exact_mut(bb) {
-        for &at in scale_fields(ty) {
+        for &at in scale_offsets(ty) {
             let s = scale * (0.5 + 0.5 * rng.unit().abs());
             block[at..at + 2].copy_from_slice(&f16::from_f32(s).to_bits().to_le_bytes());
         }

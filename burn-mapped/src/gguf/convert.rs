@@ -9,6 +9,7 @@ use std::path::Path;
 
 use burn::tensor::DType;
 
+use super::format::{f16_at, scale_offsets};
 use super::{GgufError, MappedGguf, Value, dequantize};
 use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
@@ -258,14 +259,9 @@ fn block_layout(
 /// conversion, rather than turning a product into NaN at run time.
 fn check_blocks(tensor: &str, layout: BlockLayout, bytes: &[u8]) -> Result<(), GgufConvertError> {
     let ty = layout.ty();
-    let fields: &[usize] = match ty {
-        super::GgmlType::Q4_K => &[0, 2],
-        super::GgmlType::Q6_K => &[208],
-        _ => &[0],
-    };
     for (block, b) in bytes.chunks_exact(ty.type_size() as usize).enumerate() {
-        for &at in fields {
-            let value = half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32();
+        for &at in scale_offsets(ty) {
+            let value = f16_at(b, at);
             if !value.is_finite() {
                 return Err(GgufConvertError::BadBlock {
                     tensor: tensor.to_string(),

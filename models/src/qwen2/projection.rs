@@ -10,8 +10,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Device, Int, Shape, Tensor};
 use burn_mapped::Stager;
 use burn_mapped::blocks::{
-    BlockError, BlockInput, BlockLayout, BlockWeight, block_linear, block_linear_input,
-    block_linear_shared,
+    BlockError, BlockInput, BlockLayout, BlockWeight, block_linear, block_linear_shared,
 };
 use burn_mapped::q8::{Q8Error, Q8Input, Q8Weight, q8_linear, q8_linear_input};
 
@@ -73,18 +72,10 @@ impl Q8Linear {
         let weight = self
             .q8_weight()
             .unwrap_or_else(|e| panic!("Q8Linear parameters: {e}"));
-        let dims = x.dims();
-        let inp = dims[D - 1];
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let y = q8_linear(
-            x.reshape([rows, inp]),
-            &weight,
-            self.bias.as_ref().map(|b| b.val()),
-        )
-        .unwrap_or_else(|e| panic!("Q8Linear: {e}"));
-        let mut out = dims;
-        out[D - 1] = weight.out_features();
-        y.reshape(out)
+        on_rows(x, |x| {
+            q8_linear(x, &weight, self.bias.as_ref().map(|b| b.val()))
+                .unwrap_or_else(|e| panic!("Q8Linear: {e}"))
+        })
     }
 
     /// Applies the layer to a prepared input (`[rows, in]`, see [`Q8Input`]), which the other
@@ -150,31 +141,32 @@ impl BlockLinear {
         self.layout
     }
 
-    /// Applies the layer to `[rows, in]`.
+    /// Applies the layer to the last dimension of `x`, leading dimensions flattened into rows
+    /// (layers sharing one input go through [`Projection::forward_shared`]).
     ///
     /// # Panics
     ///
     /// If the loaded parameters do not fit the layout or `x` (a loader bug).
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let weight = self
             .block_weight()
             .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}"));
-        block_linear(x, &weight, self.bias.as_ref().map(|b| b.val()))
-            .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
+        on_rows(x, |x| {
+            block_linear(x, &weight, self.bias.as_ref().map(|b| b.val()))
+                .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
+        })
     }
+}
 
-    /// Applies the layer to activations quantized once for several layers.
-    ///
-    /// # Panics
-    ///
-    /// As [`forward`](Self::forward).
-    pub fn forward_input(&self, input: &BlockInput) -> Tensor<2> {
-        let weight = self
-            .block_weight()
-            .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}"));
-        block_linear_input(input, &weight, self.bias.as_ref().map(|b| b.val()))
-            .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
-    }
+/// `f` (a product over `[rows, in]`) applied to the last dimension of `x`: leading dimensions
+/// are flattened into the product's rows and restored around its `out` columns.
+fn on_rows<const D: usize>(x: Tensor<D>, f: impl FnOnce(Tensor<2>) -> Tensor<2>) -> Tensor<D> {
+    let dims = x.dims();
+    let rows = dims[..D - 1].iter().product::<usize>();
+    let y = f(x.reshape([rows, dims[D - 1]]));
+    let mut out = dims;
+    out[D - 1] = y.dims()[1];
+    y.reshape(out)
 }
 
 /// A projection stored as float, as q8 or as GGUF blocks.
@@ -242,14 +234,7 @@ impl Projection {
         match self {
             Projection::Float(linear) => linear.forward(x),
             Projection::Q8(q8) => q8.forward(x),
-            Projection::Blocks(b) => {
-                let dims = x.dims();
-                let rows = dims[..D - 1].iter().product::<usize>();
-                let y = b.forward(x.reshape([rows, dims[D - 1]]));
-                let mut out = dims;
-                out[D - 1] = y.dims()[1];
-                y.reshape(out)
-            }
+            Projection::Blocks(b) => b.forward(x),
             Projection::PerUseCopy(inner, stager) => {
                 stager.stage_module((**inner).clone()).forward(x)
             }

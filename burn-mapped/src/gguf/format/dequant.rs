@@ -86,7 +86,19 @@ pub fn dequantize_to_vec(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>, GgufError
 }
 
 #[inline(always)]
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
+/// Where a block of `ty` keeps its f16 scale fields (for Q4_K, the scale and the minimum):
+/// the values a converter checks for NaN and infinity. Empty for types without blocks.
+pub(crate) fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// The little-endian f16 at byte `at` of `bytes`, as f32.
+pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
