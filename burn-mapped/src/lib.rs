@@ -90,6 +90,7 @@ mod manifest;
 mod map;
 pub mod memstat;
 mod placement;
+mod pool;
 pub mod q8;
 mod readonly;
 mod recorder;
@@ -110,6 +111,8 @@ pub use manifest::{
 };
 pub use map::MappedFile;
 pub use placement::{Placement, Stager, UnknownPlacement, is_flex, owned_copy};
+/// The host kernels' thread count and the variable that sets it.
+pub use pool::{THREADS_VAR as HOST_THREADS_VAR, threads as host_threads};
 pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
 pub use recorder::MappedRecorder;
 pub use store::{MappedStore, OpenOptions, verify_dir};

@@ -1,7 +1,14 @@
-//! Output rows split into slabs on rayon's global pool: the threading both host kernels (q8
-//! and GGUF blocks) share. Workers persist (a decode step issues ~170 products, and spawning
-//! threads for each would cost more than the small ones take); a matrix smaller than one
-//! worker's worth of bytes stays on the calling thread.
+//! Output rows split into slabs on the crate's thread pool ([`crate::pool`]): the threading
+//! both host kernels (q8 and GGUF blocks) share. A matrix smaller than one worker's worth of
+//! bytes stays on the calling thread.
+
+use crate::pool;
+
+/// Slabs per pool thread when the caller leaves the count to the pool. Threads claim slabs as
+/// they come free, so a thread that loses its core in the middle of a product (another process
+/// wants it) holds back one small slab while the others take the rest, instead of half the
+/// product.
+pub(crate) const SLABS_PER_THREAD: usize = 4;
 
 /// How a product's `out` rows are cut.
 pub(crate) struct Slabs {
@@ -9,7 +16,7 @@ pub(crate) struct Slabs {
     pub row_bytes: usize,
     /// Smallest slab of weight bytes worth a task of its own.
     pub min_bytes: usize,
-    /// Most slabs (0: one per worker of rayon's global pool).
+    /// Most slabs (0: [`SLABS_PER_THREAD`] per thread of the pool, [`pool::threads`]).
     pub threads: usize,
     /// Slabs hold a multiple of this many rows (but the last), so kernels that take rows in
     /// blocks run full blocks.
@@ -39,11 +46,25 @@ impl Slabs {
         fill: impl Fn(usize, usize, &mut [f32]) + Sync,
     ) -> Vec<f32> {
         let mut yt = vec![f32::NAN; out * t];
+        self.run_rows_into(out, t, &mut yt, fill);
+        yt
+    }
+
+    /// As [`run_rows`](Self::run_rows), into the caller's `[out, t]` buffer `dst` (no
+    /// allocation).
+    pub(crate) fn run_rows_into(
+        &self,
+        out: usize,
+        t: usize,
+        dst: &mut [f32],
+        fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+    ) {
+        assert_eq!(dst.len(), out * t, "slabs: destination length");
         if t == 0 || out == 0 {
-            return yt;
+            return;
         }
         let requested = match self.threads {
-            0 => rayon::current_num_threads(),
+            0 => pool::threads() * SLABS_PER_THREAD,
             n => n,
         };
         let multiple = self.row_multiple.max(1);
@@ -52,37 +73,114 @@ impl Slabs {
             .max(1);
         let threads = requested.clamp(1, by_work).min(out.div_ceil(multiple));
         let rows_per_slab = out.div_ceil(threads).next_multiple_of(multiple);
-        let fill = &fill;
-        rayon::scope(|scope| {
-            let mut rest = yt.as_mut_slice();
-            let mut row = 0;
-            while row < out {
-                let rows = rows_per_slab.min(out - row);
-                let (mine, tail) = rest.split_at_mut(rows * t);
-                rest = tail;
-                let start = row;
-                if row + rows == out {
-                    fill(start, rows, mine); // the calling thread takes the last slab
-                } else {
-                    scope.spawn(move |_| fill(start, rows, mine));
-                }
-                row += rows;
-            }
+        let slabs = out.div_ceil(rows_per_slab);
+        if slabs == 1 {
+            fill(0, out, dst);
+            return;
+        }
+        let base = Base(dst.as_mut_ptr());
+        pool::run(slabs, &|i| {
+            let start = i * rows_per_slab;
+            let rows = rows_per_slab.min(out - start);
+            // SAFETY: slab `i` is rows `start..start + rows` of `dst`, elements
+            // `start * t..(start + rows) * t`, inside `dst` (`start + rows <= out` and
+            // `dst.len() == out * t`) and disjoint from every other slab's. `pool::run` calls
+            // each index once and returns only after every call has ended, while `dst` stays
+            // mutably borrowed by this function, so this is the only reference to the piece
+            // for as long as it lives.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.at(start * t), rows * t) };
+            fill(start, rows, piece);
         });
-        yt
+    }
+}
+
+/// The start of a buffer whose disjoint pieces the pool's threads write.
+struct Base(*mut f32);
+
+// SAFETY: `Base` is only read to form pieces of the buffer that never overlap (see
+// `run_rows_into`); sharing the address between threads is then like handing each its own
+// `&mut` piece, and `f32` is `Send`.
+unsafe impl Sync for Base {}
+
+impl Base {
+    /// The address `offset` elements in (a method, so closures capture `Base` whole, which is
+    /// `Sync`, not its raw pointer field).
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
     }
 }
 
 /// `[out, t]` row-major as `[t, out]`.
 pub(crate) fn transpose(yt: &[f32], out: usize, t: usize) -> Vec<f32> {
-    if t == 1 {
-        return yt.to_vec();
-    }
     let mut y = vec![f32::NAN; t * out];
+    transpose_into(yt, out, t, &mut y);
+    y
+}
+
+/// `[out, t]` row-major written into `y` as `[t, out]`.
+pub(crate) fn transpose_into(yt: &[f32], out: usize, t: usize, y: &mut [f32]) {
+    assert_eq!(y.len(), t * out, "transpose: output length");
+    if t == 1 {
+        y.copy_from_slice(yt);
+        return;
+    }
     for o in 0..out {
         for tt in 0..t {
             y[tt * out + o] = yt[o * t + tt];
         }
     }
-    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every element is written once, by the slab that holds its row, whatever the cut.
+    #[test]
+    fn slabs_cover_every_row_once() {
+        for (out, t, threads, multiple) in
+            [(1, 1, 4, 1), (37, 3, 5, 1), (37, 2, 4, 8), (100, 1, 64, 1)]
+        {
+            let slabs = Slabs {
+                row_bytes: 1,
+                min_bytes: 1,
+                threads,
+                row_multiple: multiple,
+            };
+            let mut dst = vec![f32::NAN; out * t];
+            slabs.run_rows_into(out, t, &mut dst, |start, rows, piece| {
+                assert_eq!(piece.len(), rows * t);
+                assert!(start.is_multiple_of(multiple), "slab at {start}");
+                for (k, v) in piece.iter_mut().enumerate() {
+                    assert!(v.is_nan(), "written twice");
+                    *v = (start * t + k) as f32;
+                }
+            });
+            let want: Vec<f32> = (0..out * t).map(|i| i as f32).collect();
+            assert_eq!(dst, want, "[{out}, {t}] in {threads} slabs of {multiple}");
+            let y = slabs.run(out, t, |start, rows, piece| {
+                for (k, v) in piece.iter_mut().enumerate() {
+                    *v = ((start + k / t) * 1000 + k % t) as f32;
+                }
+                assert_eq!(piece.len(), rows * t);
+            });
+            for tt in 0..t {
+                for o in 0..out {
+                    assert_eq!(y[tt * out + o], (o * 1000 + tt) as f32);
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "destination length")]
+    fn a_destination_of_the_wrong_length_is_refused() {
+        let slabs = Slabs {
+            row_bytes: 1,
+            min_bytes: 1,
+            threads: 2,
+            row_multiple: 1,
+        };
+        slabs.run_rows_into(4, 2, &mut [0.0; 7], |_, _, _| {});
+    }
 }

@@ -78,7 +78,7 @@ pub struct Args {
     /// sync.
     #[arg(long, value_delimiter = ',', default_values_t = ["read", "q8", "f32", "f16", "burnq8"].map(String::from))]
     pub arms: Vec<String>,
-    /// Host slabs per matrix (0: one per worker of rayon's global pool).
+    /// Host slabs per matrix (0: the kernels' default, a few per worker of burn-mapped's pool).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// The store of random q8 matrices (a cache; default under `~/.cache/burn-mapped/gemv/`).

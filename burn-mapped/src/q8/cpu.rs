@@ -13,7 +13,8 @@
 
 use burn::tensor::f16;
 
-use crate::slabs::Slabs;
+use crate::pool;
+use crate::slabs::{SLABS_PER_THREAD, Slabs};
 
 /// Most activation columns one tile holds; larger `T` is split into tiles of this size.
 const TILE_T: usize = 4;
@@ -23,11 +24,12 @@ const LANES: usize = 8;
 /// worker costs more than it saves.
 const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
 
-/// How many slabs a large matrix is split into for `requested` (0: one per worker of rayon's
-/// global pool; see [`Tuning::host_threads`](super::Tuning::host_threads)).
+/// How many slabs a large matrix is split into for `requested` (0: the pool's choice,
+/// [`SLABS_PER_THREAD`] per thread of [`pool::threads`]; see
+/// [`Tuning::host_threads`](super::Tuning::host_threads)).
 pub(super) fn threads(requested: usize) -> usize {
     match requested {
-        0 => rayon::current_num_threads(),
+        0 => pool::threads() * SLABS_PER_THREAD,
         n => n,
     }
 }

@@ -11,13 +11,17 @@
 //! value gets a NaN scale (its row's products are NaN).
 
 use half::f16;
-use rayon::prelude::*;
+
+use crate::slabs::Slabs;
 
 /// Values per block.
 pub const SPLIT_BLOCK: usize = 16;
 
 /// Words per block: four of high bytes, four of low bytes, the scale.
 pub const SPLIT_WORDS: usize = 9;
+
+/// Smallest slab of weight bytes worth a task of its own.
+const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
 
 /// The largest `|q|`: `127 * 256 + 127`, so both bytes are int8.
 pub const SPLIT_Q_MAX: f32 = 32639.0;
@@ -51,9 +55,28 @@ pub(crate) fn split(x: &[f32], t: usize, inp: usize) -> Vec<u32> {
 }
 
 /// `y[t, o] = scales[o] * sum_b s_b * (sum_i q[o, 16b + i] * xq[t, 16b + i]) (+ bias[o])`
-/// from a [`split`] of `t` rows of `inp` values, exact in i32 per block; rows of `y` in
-/// parallel over output rows.
+/// from a [`split`] of `t` rows of `inp` values, exact in i32 per block; output rows in
+/// slabs on the crate's pool.
 pub(crate) fn gemm(
+    words: &[u32],
+    t: usize,
+    w: &[i8],
+    scales: &[f16],
+    bias: Option<&[f32]>,
+    inp: usize,
+) -> Vec<f32> {
+    let slabs = Slabs {
+        row_bytes: inp,
+        min_bytes: MIN_BYTES_PER_THREAD,
+        threads: 0,
+        row_multiple: 1,
+    };
+    gemm_in(&slabs, words, t, w, scales, bias, inp)
+}
+
+/// [`gemm`] cut as `slabs` says, so tests can force many slabs on small matrices.
+fn gemm_in(
+    slabs: &Slabs,
     words: &[u32],
     t: usize,
     w: &[i8],
@@ -78,33 +101,23 @@ pub(crate) fn gemm(
         .iter()
         .map(|&v| f32::from_bits(v))
         .collect();
-    let columns: Vec<Vec<f32>> = (0..out)
-        .into_par_iter()
-        .map(|o| {
+    slabs.run(out, t, |start, rows, dst| {
+        for (o, y) in (start..start + rows).zip(dst.chunks_exact_mut(t)) {
             let row = &w[o * inp..(o + 1) * inp];
-            (0..t)
-                .map(|r| {
-                    let mut acc = 0.0f32;
-                    for k in 0..nblk {
-                        let b = r * nblk + k;
-                        let xq = &q[b * SPLIT_BLOCK..(b + 1) * SPLIT_BLOCK];
-                        let wk = &row[k * SPLIT_BLOCK..(k + 1) * SPLIT_BLOCK];
-                        let dot: i32 = wk.iter().zip(xq).map(|(&a, &b)| i32::from(a) * b).sum();
-                        acc += s[b] * dot as f32;
-                    }
-                    let y = acc * scales[o].to_f32();
-                    bias.map_or(y, |bias| y + bias[o])
-                })
-                .collect()
-        })
-        .collect();
-    let mut y = vec![0.0f32; t * out];
-    for (o, column) in columns.iter().enumerate() {
-        for (r, v) in column.iter().enumerate() {
-            y[r * out + o] = *v;
+            for (r, y) in y.iter_mut().enumerate() {
+                let mut acc = 0.0f32;
+                for k in 0..nblk {
+                    let b = r * nblk + k;
+                    let xq = &q[b * SPLIT_BLOCK..(b + 1) * SPLIT_BLOCK];
+                    let wk = &row[k * SPLIT_BLOCK..(k + 1) * SPLIT_BLOCK];
+                    let dot: i32 = wk.iter().zip(xq).map(|(&a, &b)| i32::from(a) * b).sum();
+                    acc += s[b] * dot as f32;
+                }
+                let v = acc * scales[o].to_f32();
+                *y = bias.map_or(v, |bias| v + bias[o]);
+            }
         }
-    }
-    y
+    })
 }
 
 #[cfg(test)]
@@ -141,6 +154,37 @@ mod tests {
                 assert!(
                     err <= f64::from(s) * 0.5 * (1.0 + 1e-6),
                     "block {b} value {i}: {err}"
+                );
+            }
+        }
+    }
+
+    /// The product cut into many slabs is the product in one, element for element.
+    #[test]
+    fn slabs_do_not_change_the_product() {
+        let (t, inp, out) = (3, 64, 37);
+        let x: Vec<f32> = (0..t * inp).map(|i| (i * 29 % 83) as f32 - 41.0).collect();
+        let w: Vec<i8> = (0..out * inp).map(|i| (i * 53 % 255) as u8 as i8).collect();
+        let scales: Vec<f16> = (0..out)
+            .map(|o| f16::from_f32(0.01 * (o + 1) as f32))
+            .collect();
+        let bias: Vec<f32> = (0..out).map(|o| o as f32 * 0.5).collect();
+        let words = split(&x, t, inp);
+        let cut = |threads, min_bytes| Slabs {
+            row_bytes: inp,
+            min_bytes,
+            threads,
+            row_multiple: 1,
+        };
+        for bias in [None, Some(bias.as_slice())] {
+            let whole = gemm_in(&cut(1, usize::MAX), &words, t, &w, &scales, bias, inp);
+            assert!(whole.iter().all(|v| v.is_finite()));
+            for threads in [2, 5, 37] {
+                let slabbed = gemm_in(&cut(threads, 1), &words, t, &w, &scales, bias, inp);
+                assert_eq!(
+                    slabbed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{threads} slabs"
                 );
             }
         }

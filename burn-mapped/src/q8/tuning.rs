@@ -28,7 +28,8 @@ pub struct Tuning {
     /// (SPIR-V) and the row width fits, else the FMA kernel's ([`CubeTuning::default_for`]).
     pub cube: Option<CubeLaunch>,
     /// On the host, how many slabs the kernel splits a large matrix into; 0 means one per
-    /// worker of rayon's global pool. The slabs run on that pool, so more slabs than workers
+    /// thread of the crate's pool (the machine's available parallelism, or the environment
+    /// variable `BURN_MAPPED_THREADS`). The slabs run on that pool, so more slabs than threads
     /// queue rather than oversubscribe the cores.
     pub host_threads: usize,
 }

@@ -49,7 +49,7 @@ pub fn read_weight(w: &Q8Weight, threads: usize, unroll: usize) -> Tensor<1, Int
 
 /// XOR of `bytes` as little-endian u32 words (the last one zero-padded), split over up to
 /// `threads` threads (0: one per rayon worker), one result each, at most [`READ_PARTIALS`].
-fn read_xor(bytes: &[u8], threads: usize) -> Vec<u32> {
+pub fn read_xor(bytes: &[u8], threads: usize) -> Vec<u32> {
     let threads = match threads {
         0 => rayon::current_num_threads(),
         n => n,
