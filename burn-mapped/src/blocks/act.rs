@@ -52,15 +52,40 @@ pub(super) fn quantize(x: &[f32], t: usize, inp: usize) -> Vec<u8> {
     out
 }
 
-/// Packed activation rows as the kernels read them: values in place, and per block the
-/// scale, the scale times the block's sum (what an offset or minimum multiplies), and the
-/// same per 16 values, in flat arrays indexed `[t * blocks + b]`.
+/// Packed activation rows as the kernels read them.
+///
+/// By row, in flat arrays indexed `[t * blocks + b]`: each block's scale, and the scale
+/// times the block's sum per 32 and per 16 values (what a minimum, or an offset applied in
+/// f32, multiplies). And in tiles of [`TILE_T`] rows (the last may hold fewer) for the vector
+/// kernels, which then reach every row of a tile from one pointer: each block's values,
+/// scale, and `-16 * sum` and `-128 * sum` (Q5_0's offset, and Q8_0's when its values are
+/// made unsigned, times the sum: exact as the start of an integer dot product) side by side
+/// for the tile's rows, block `b` of row `t0 + j` of the tile at rows `t0..t0 + tt` at index
+/// `t0 * blocks + b * tt + j` (times 32 for the values).
 pub(super) struct Acts<'a> {
     q: &'a [i8],
     inp: usize,
+    t: usize,
     d: Vec<f32>,
     ds32: Vec<f32>,
     ds16: Vec<f32>,
+    tq: Vec<i8>,
+    td: Vec<f32>,
+    toff16: Vec<i32>,
+    toff128: Vec<i32>,
+}
+
+/// One tile of [`Acts`]: `rows` activation rows, interleaved by block.
+pub(super) struct Tile<'a> {
+    /// Block `b` of row `j` at `[(b * rows + j) * 32..][..32]`.
+    pub q: &'a [i8],
+    /// Scale of block `b` of row `j` at `[b * rows + j]`.
+    pub d: &'a [f32],
+    /// `-16 *` the sum of block `b` of row `j` at `[b * rows + j]`.
+    pub off16: &'a [i32],
+    /// `-128 *` the sum of block `b` of row `j` at `[b * rows + j]`.
+    pub off128: &'a [i32],
+    pub rows: usize,
 }
 
 impl<'a> Acts<'a> {
@@ -72,27 +97,66 @@ impl<'a> Acts<'a> {
         let all = unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) };
         let blocks = inp / ACT_BLOCK;
         let mut d = Vec::with_capacity(t * blocks);
+        let mut sum32 = Vec::with_capacity(t * blocks);
         let mut ds32 = Vec::with_capacity(t * blocks);
         let mut ds16 = Vec::with_capacity(t * blocks * 2);
         for r in bytes.chunks_exact(row) {
             let (scales, sums) = r[inp..].split_at(blocks * 4);
-            let sum16 = |k: usize| f32::from(i16::from_le_bytes([sums[2 * k], sums[2 * k + 1]]));
+            let sum16 = |k: usize| i32::from(i16::from_le_bytes([sums[2 * k], sums[2 * k + 1]]));
             for (b, c) in scales.chunks_exact(4).enumerate() {
                 let scale = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                let (lo, hi) = (sum16(2 * b), sum16(2 * b + 1));
                 d.push(scale);
-                ds32.push(scale * (sum16(2 * b) + sum16(2 * b + 1)));
-                ds16.push(scale * sum16(2 * b));
-                ds16.push(scale * sum16(2 * b + 1));
+                sum32.push(lo + hi);
+                // Sums of 32 values of at most 127 are exact in f32.
+                ds32.push(scale * (lo + hi) as f32);
+                ds16.push(scale * lo as f32);
+                ds16.push(scale * hi as f32);
+            }
+        }
+        let mut tq = vec![0i8; t * inp];
+        let mut td = vec![0f32; t * blocks];
+        let mut toff16 = vec![0i32; t * blocks];
+        let mut toff128 = vec![0i32; t * blocks];
+        for t0 in (0..t).step_by(TILE_T) {
+            let tt = TILE_T.min(t - t0);
+            for j in 0..tt {
+                let src = &all[(t0 + j) * row..(t0 + j) * row + inp];
+                for b in 0..blocks {
+                    let at = t0 * blocks + b * tt + j;
+                    tq[at * ACT_BLOCK..(at + 1) * ACT_BLOCK]
+                        .copy_from_slice(&src[b * ACT_BLOCK..(b + 1) * ACT_BLOCK]);
+                    td[at] = d[(t0 + j) * blocks + b];
+                    toff16[at] = -16 * sum32[(t0 + j) * blocks + b];
+                    toff128[at] = -128 * sum32[(t0 + j) * blocks + b];
+                }
             }
         }
         // Rows of values are `row` bytes apart: `q` indexes the whole buffer by row.
         Acts {
             q: all,
             inp,
+            t,
             d,
             ds32,
             ds16,
+            tq,
+            td,
+            toff16,
+            toff128,
         }
+    }
+
+    /// Values per row.
+    #[inline(always)]
+    pub(super) fn inp(&self) -> usize {
+        self.inp
+    }
+
+    /// Activation rows.
+    #[inline(always)]
+    pub(super) fn rows(&self) -> usize {
+        self.t
     }
 
     /// Row stride of the values, in bytes.
@@ -126,5 +190,23 @@ impl<'a> Acts<'a> {
     pub(super) fn ds16(&self, t: usize) -> &[f32] {
         let n = self.inp / SUM_SPAN;
         &self.ds16[t * n..(t + 1) * n]
+    }
+
+    /// The tile of rows `t0..` (`t0` a multiple of [`TILE_T`]).
+    pub(super) fn tile(&self, t0: usize) -> Tile<'_> {
+        assert!(
+            t0.is_multiple_of(TILE_T) && t0 < self.t,
+            "tiles start at multiples of TILE_T"
+        );
+        let blocks = self.inp / ACT_BLOCK;
+        let rows = TILE_T.min(self.t - t0);
+        let (lo, hi) = (t0 * blocks, (t0 + rows) * blocks);
+        Tile {
+            q: &self.tq[lo * ACT_BLOCK..hi * ACT_BLOCK],
+            d: &self.td[lo..hi],
+            off16: &self.toff16[lo..hi],
+            off128: &self.toff128[lo..hi],
+            rows,
+        }
     }
 }

@@ -1,18 +1,20 @@
 //! The block products on the host: `y[t, o] = sum_i w[o, i] * a[t, i]` with `w` read block by
 //! block from its (mapped) bytes and `a` the packed activations of [`super::act`].
 //!
-//! Work is split by output rows into slabs ([`Slabs`]), as the q8 kernel does. Each
-//! row is decoded once per tile of up to [`TILE_T`] activation rows; with more rows the row's
-//! bytes (at most a few KiB) stay in L1 while the next tile runs, so any `T` is one pass over
-//! the weights in memory. Per 32 values the kernels take an integer dot product of the row's
-//! quantized values as unsigned bytes (Q8_0's magnitudes, its signs moved onto the
-//! activations) with the activation's int8 values, scale it by the block's coefficient in f32,
-//! and subtract the block's offset or minimum times the activation sum.
+//! Work is split by output rows into slabs ([`Slabs`]), as the q8 kernel does, and each slab
+//! goes to the inner loop whole. Each row is decoded once per tile of up to [`TILE_T`]
+//! activation rows; with more rows the row's bytes (at most a few KiB) stay in L1 while the
+//! next tile runs, so any `T` is one pass over the weights in memory. Per 32 values the
+//! kernels take an integer dot product of the row's quantized values as unsigned bytes (Q8_0's
+//! magnitudes with its signs moved onto the activations, or its values plus 128) with the
+//! activation's int8 values, scale it by the block's coefficient in f32, and subtract the
+//! block's offset or minimum times the activation sum (in the integer dot where the offset is
+//! an integer).
 
 use super::act::{ACT_BLOCK, Acts, TILE_T};
 use crate::gguf::format::{GgmlType, f16_at, q4_k_scale_min};
 use crate::manifest::BlockLayout;
-use crate::slabs::{Slabs, transpose};
+use crate::slabs::{Slabs, transpose_into};
 
 /// Smallest slab of weight bytes worth a task of its own.
 const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
@@ -25,7 +27,8 @@ pub(super) enum Isa {
     /// AVX2 + FMA + F16C: `vpmaddubsw` then `vpmaddwd` per 32 values.
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// As `Avx2`, with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers) for the dot product.
+    /// As `Avx2`, with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers) for the dot product
+    /// and AVX-512 BW's byte masks.
     #[cfg(target_arch = "x86_64")]
     Vnni,
 }
@@ -37,7 +40,7 @@ impl Isa {
         {
             use std::arch::is_x86_feature_detected as has;
             if has!("avx2") && has!("fma") && has!("f16c") {
-                if has!("avx512vnni") && has!("avx512vl") {
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
                     return Isa::Vnni;
                 }
                 return Isa::Avx2;
@@ -85,19 +88,34 @@ pub(super) struct Product<'a> {
 }
 
 /// Computes several products over the same activations, each into a new `[t, out]` buffer,
-/// in one pass of the thread pool: their rows are cut into slabs as if they were one matrix, so
-/// the small ones (a layer's key and value) do not each wait for the pool.
+/// in one pass of the thread pool (see [`matmul_many_into`]).
 pub(super) fn matmul_many(ps: &[Product<'_>], isa: Isa) -> Vec<Vec<f32>> {
+    let mut ys: Vec<Vec<f32>> = ps.iter().map(|p| vec![f32::NAN; p.t * p.out]).collect();
+    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(Vec::as_mut_slice).collect();
+    matmul_many_into(ps, isa, &mut outs);
+    ys
+}
+
+/// Computes several products over the same activations into `outs[i]` (`[t, out_i]`,
+/// row-major), in one pass of the thread pool: their rows are cut into slabs as if they were
+/// one matrix, so the small ones (a layer's key and value) do not each wait for the pool.
+pub(super) fn matmul_many_into(ps: &[Product<'_>], isa: Isa, outs: &mut [&mut [f32]]) {
+    assert_eq!(
+        ps.len(),
+        outs.len(),
+        "block products: one output per product"
+    );
     let t = ps.first().map_or(0, |p| p.t);
     let mut starts = Vec::with_capacity(ps.len());
     let (mut total, mut bytes) = (0, 0);
-    for p in ps {
+    for (p, y) in ps.iter().zip(outs.iter()) {
         assert_eq!(p.t, t, "block products over one input: rows");
         assert_eq!(
             p.w.len(),
             p.out * p.layout.row_bytes(),
             "block product: weight length"
         );
+        assert_eq!(y.len(), t * p.out, "block product: output length");
         if let Some(b) = p.bias {
             assert_eq!(b.len(), p.out, "block product: bias length");
         }
@@ -122,13 +140,32 @@ pub(super) fn matmul_many(ps: &[Product<'_>], isa: Isa) -> Vec<Vec<f32>> {
             }
         }
     });
-    ps.iter()
-        .zip(&starts)
-        .map(|(p, &first)| transpose(&yt[first * t..(first + p.out) * t], p.out, t))
-        .collect()
+    for ((p, &first), y) in ps.iter().zip(&starts).zip(outs.iter_mut()) {
+        transpose_into(&yt[first * t..(first + p.out) * t], p.out, t, y);
+    }
 }
 
+/// Output rows `start..start + rows` of `p` into `dst` (`[rows, t]`).
 fn rows_into(p: Product<'_>, isa: Isa, start: usize, rows: usize, dst: &mut [f32]) {
+    let (ty, row_bytes) = (p.layout.ty(), p.layout.row_bytes());
+    match isa {
+        Isa::Portable => portable_rows(p, start, rows, dst),
+        // SAFETY: `Isa::Avx2` comes only from `Isa::detect`, after checking AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe {
+            super::x86::avx2::rows(ty, p.w, row_bytes, p.acts, p.t, start, rows, p.bias, dst)
+        },
+        // SAFETY: `Isa::Vnni` comes only from `Isa::detect`, after checking AVX2, FMA, F16C,
+        // AVX-512 F, BW, VL and VNNI.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Vnni => unsafe {
+            super::x86::vnni::rows(ty, p.w, row_bytes, p.acts, p.t, start, rows, p.bias, dst)
+        },
+    }
+}
+
+/// [`rows_into`] in plain Rust, a row and a tile of activation rows at a time.
+fn portable_rows(p: Product<'_>, start: usize, rows: usize, dst: &mut [f32]) {
     let row_bytes = p.layout.row_bytes();
     for o in start..start + rows {
         let w = &p.w[o * row_bytes..(o + 1) * row_bytes];
@@ -137,34 +174,12 @@ fn rows_into(p: Product<'_>, isa: Isa, start: usize, rows: usize, dst: &mut [f32
         while t0 < p.t {
             let tt = TILE_T.min(p.t - t0);
             let mut res = [0f32; TILE_T];
-            row(isa, p.layout.ty(), w, p.acts, t0, tt, &mut res);
+            portable(p.layout.ty(), w, p.acts, t0, tt, &mut res);
             for (j, r) in res.iter().take(tt).enumerate() {
                 dst[(o - start) * p.t + t0 + j] = r + bias;
             }
             t0 += tt;
         }
-    }
-}
-
-/// One weight row against activation rows `t0..t0 + tt` into `res[..tt]`.
-fn row(
-    isa: Isa,
-    ty: GgmlType,
-    w: &[u8],
-    acts: &Acts<'_>,
-    t0: usize,
-    tt: usize,
-    res: &mut [f32; TILE_T],
-) {
-    match isa {
-        Isa::Portable => portable(ty, w, acts, t0, tt, res),
-        // SAFETY: `Isa::Avx2` comes only from `Isa::detect`, after checking AVX2, FMA and F16C.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { super::x86::avx2::row(ty, w, acts, t0, tt, res) },
-        // SAFETY: `Isa::Vnni` comes only from `Isa::detect`, after checking AVX2, FMA, F16C,
-        // AVX-512 VNNI and VL.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Vnni => unsafe { super::x86::vnni::row(ty, w, acts, t0, tt, res) },
     }
 }
 

@@ -10,7 +10,7 @@
 //! reading the blocks in place (for a store, the mapped pages). The activations are quantized
 //! once per input to 8 bits with a scale per 32 values ([`BlockInput`], shared by the products
 //! over the same rows); the dot products are integer within a block. The inner loop is chosen
-//! at run time: AVX-512 VNNI, AVX2 (with FMA and F16C), or portable Rust.
+//! at run time: AVX-512 VNNI (with F, BW and VL), AVX2 (with FMA and F16C), or portable Rust.
 
 mod act;
 mod error;
@@ -21,7 +21,10 @@ mod x86;
 
 pub use crate::manifest::BlockLayout;
 pub use error::BlockError;
-pub use weight::{BlockInput, BlockWeight, block_linear, block_linear_input, block_linear_shared};
+pub use weight::{
+    BlockInput, BlockWeight, block_linear, block_linear_input, block_linear_into,
+    block_linear_shared,
+};
 
 /// The inner loop this machine runs (for benchmark reports).
 pub fn cpu_kernel_name() -> &'static str {

@@ -99,7 +99,6 @@ fn reference(
 
 fn check(ty: GgmlType, out: usize, cols: usize, t: usize, scale: f32, seed: u64) {
     let mut rng = Rng(seed);
-    let device = Device::flex();
     let w = blocks(ty, out, cols, scale, Some(out / 2), &mut rng);
     let x: Vec<f32> = (0..t * cols)
         .map(|i| {
@@ -111,28 +110,46 @@ fn check(ty: GgmlType, out: usize, cols: usize, t: usize, scale: f32, seed: u64)
         })
         .collect();
     let bias: Vec<f32> = (0..out).map(|_| rng.unit()).collect();
+    check_with(ty, &w, out, cols, &x, t, &bias, &format!("scale {scale}"));
+}
+
+/// Every loop's `x W^T + bias` for the blocks `w` (`[out, cols]` of `ty`) against the f64
+/// definition.
+#[allow(clippy::too_many_arguments)]
+fn check_with(
+    ty: GgmlType,
+    w: &[u8],
+    out: usize,
+    cols: usize,
+    x: &[f32],
+    t: usize,
+    bias: &[f32],
+    what: &str,
+) {
+    let device = Device::flex();
     let layout = BlockLayout::new(ty, cols).unwrap();
     let weight = BlockWeight::new(
         Tensor::<2, Int>::from_data(
-            TensorData::new(w.clone(), [out, layout.row_bytes()]),
+            TensorData::new(w.to_vec(), [out, layout.row_bytes()]),
             (&device, DType::U8),
         ),
         layout,
     )
     .unwrap();
     let input = BlockInput::new(Tensor::<2>::from_data(
-        TensorData::new(x.clone(), [t, cols]),
+        TensorData::new(x.to_vec(), [t, cols]),
         &device,
     ))
     .unwrap();
-    let packed = act::quantize(&x, t, cols);
-    let expected = reference(ty, &w, out, cols, &packed, t, &bias);
+    let packed = act::quantize(x, t, cols);
+    let expected = reference(ty, w, out, cols, &packed, t, bias);
     let magnitude = {
-        let w = dequantize_to_vec(ty, &w).unwrap();
-        w.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) * 3.0 * cols as f64
+        let w = dequantize_to_vec(ty, w).unwrap();
+        let xmax = x.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max);
+        w.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) * xmax * cols as f64
     };
     for isa in Isa::available() {
-        let b = Tensor::<1>::from_data(TensorData::new(bias.clone(), [out]), &device);
+        let b = Tensor::<1>::from_data(TensorData::new(bias.to_vec(), [out]), &device);
         let y = products(&input, &[(&weight, Some(b))], isa)
             .unwrap()
             .pop()
@@ -143,7 +160,7 @@ fn check(ty: GgmlType, out: usize, cols: usize, t: usize, scale: f32, seed: u64)
             let tol = 1e-5 * magnitude + 1e-6;
             assert!(
                 (f64::from(got) - want).abs() <= tol,
-                "{} {} [{out}x{cols}] T={t} scale {scale}: y[{}, {}] = {got}, f64 {want} (tol {tol})",
+                "{} {} [{out}x{cols}] T={t} {what}: y[{}, {}] = {got}, f64 {want} (tol {tol})",
                 ty.name(),
                 isa.name(),
                 i / out,
@@ -157,8 +174,10 @@ fn check(ty: GgmlType, out: usize, cols: usize, t: usize, scale: f32, seed: u64)
 fn every_kind_and_loop_matches_the_f64_definition_on_edge_shapes() {
     for ty in KINDS {
         let b = ty.block_size() as usize;
-        for (k, cols) in [b, 2 * b, 3 * b, 19 * b].into_iter().enumerate() {
-            for t in [1, 2, 3, 8, 9, 17] {
+        // 1, 2, 3, 5 and 19 blocks per row (odd and even counts, the kernels' tails),
+        // every tile size, and tiles after a full one.
+        for (k, cols) in [b, 2 * b, 3 * b, 5 * b, 19 * b].into_iter().enumerate() {
+            for t in (1..=9).chain([16, 17]) {
                 check(ty, 5, cols, t, 0.01, (k * 100 + t) as u64);
             }
         }
@@ -168,11 +187,52 @@ fn every_kind_and_loop_matches_the_f64_definition_on_edge_shapes() {
     }
 }
 
+/// The extreme values of each type (every value bit set, every one clear, and Q8_0's -128 and
+/// 127), against activations at the largest quantized magnitude (127) of one sign, the other,
+/// and alternating: the integer sums and the offsets folded into them reach their extremes.
+#[test]
+fn extreme_values_match_the_definition() {
+    for ty in KINDS {
+        let b = ty.block_size() as usize;
+        let (out, cols, t) = (4, 3 * b, 3);
+        let layout = BlockLayout::new(ty, cols).unwrap();
+        let bb = ty.type_size() as usize;
+        // Row 0: every value bit set; row 1: every value bit clear; rows 2-3: bytes 0x80 and
+        // 0x7F (Q8_0's extremes -128 and 127; any pattern for the others).
+        let mut w = Vec::with_capacity(out * layout.row_bytes());
+        for fill in [0xFFu8, 0x00, 0x80, 0x7F] {
+            w.extend(std::iter::repeat_n(fill, layout.row_bytes()));
+        }
+        for (k, block) in w.chunks_exact_mut(bb).enumerate() {
+            for &at in scale_offsets(ty) {
+                let s = f16::from_f32(if k % 2 == 0 { 0.02 } else { -0.015 });
+                block[at..at + 2].copy_from_slice(&s.to_bits().to_le_bytes());
+            }
+        }
+        let x: Vec<f32> = (0..t * cols)
+            .map(|i| match i / cols {
+                0 => 1.0,
+                1 => -1.0,
+                _ => {
+                    if i % 2 == 0 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                }
+            })
+            .collect();
+        check_with(ty, &w, out, cols, &x, t, &[0.5; 4], "extremes");
+    }
+}
+
 #[test]
 fn a_matrix_split_across_threads_matches_the_definition() {
     // ~330 KB of Q8_0 blocks: more than one thread's minimum slab.
     check(GgmlType::Q8_0, 600, 512, 3, 0.02, 11);
     check(GgmlType::Q6_K, 300, 1024, 1, 0.02, 12);
+    // An odd number of rows, cut into slabs of different lengths.
+    check(GgmlType::Q5_0, 1001, 384, 1, 0.02, 13);
 }
 
 /// The packed format is its definition: a scale per 32 of `absmax / 127`, values rounded

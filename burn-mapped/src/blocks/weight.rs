@@ -6,7 +6,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::act::{self, ACT_BLOCK, Acts};
 use super::error::BlockError;
-use super::kernel::{Isa, Product, matmul_many};
+use super::kernel::{Isa, Product, matmul_many, matmul_many_into};
 use crate::error::StoreError;
 use crate::manifest::BlockLayout;
 use crate::placement::is_flex;
@@ -202,6 +202,52 @@ pub fn block_linear_shared(
     products(input, layers, Isa::detect())
 }
 
+/// [`block_linear_shared`] for a caller that keeps its activations and results in host memory
+/// (a decode step run outside Burn's op-by-op dispatch): `x` is `[t, in]` row-major, and
+/// `outs[i]` receives layer `i`'s `[t, out_i]`, row-major. No tensor is created.
+///
+/// # Errors
+///
+/// [`BlockError::Shape`] when `x`, an output or a bias does not fit, or `in` is not a
+/// multiple of 32; [`BlockError::Device`] for operands off Flex.
+pub fn block_linear_into(
+    x: &[f32],
+    t: usize,
+    layers: &[(&BlockWeight, Option<Tensor<1>>)],
+    outs: &mut [&mut [f32]],
+) -> Result<(), BlockError> {
+    let inp = x.len().checked_div(t).unwrap_or(0);
+    if t == 0 || x.len() != t * inp || !inp.is_multiple_of(ACT_BLOCK) {
+        return Err(BlockError::Shape {
+            what: "block product input",
+            found: vec![t, x.len()],
+            expected: format!("{t} rows of a multiple of {ACT_BLOCK} values"),
+        });
+    }
+    if outs.len() != layers.len() {
+        return Err(BlockError::Shape {
+            what: "block product outputs",
+            found: vec![outs.len()],
+            expected: format!("{} (one per layer)", layers.len()),
+        });
+    }
+    for ((w, _), y) in layers.iter().zip(outs.iter()) {
+        if y.len() != t * w.out_features() {
+            return Err(BlockError::Shape {
+                what: "block product output",
+                found: vec![y.len()],
+                expected: format!("[{t}, {}]", w.out_features()),
+            });
+        }
+    }
+    let (weights, biases) = operands(layers, t, inp)?;
+    let packed = act::quantize(x, t, inp);
+    let acts = Acts::parse(&packed, t, inp);
+    let ps = product_list(layers, &weights, &biases, &acts, t);
+    matmul_many_into(&ps, Isa::detect(), outs);
+    Ok(())
+}
+
 /// The products with a chosen inner loop (tests hold every loop the CPU has to the definition).
 pub(super) fn products(
     input: &BlockInput,
@@ -209,6 +255,40 @@ pub(super) fn products(
     isa: Isa,
 ) -> Result<Vec<Tensor<2>>, BlockError> {
     let [t, inp] = input.dims();
+    let (weights, biases) = operands(layers, t, inp)?;
+    let packed = contiguous(
+        input
+            .packed
+            .clone()
+            .try_into_primitive::<Flex>()
+            .expect("checked: on Flex"),
+    );
+    let acts = Acts::parse(packed.as_slice::<u8>().expect("u8"), t, inp);
+    let ps = product_list(layers, &weights, &biases, &acts, t);
+    Ok(matmul_many(&ps, isa)
+        .into_iter()
+        .zip(layers)
+        .map(|(y, (w, _))| {
+            let y = Tensor::<2>::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(
+                y,
+                [t, w.out_features()],
+            )));
+            if input.dtype == DType::F32 {
+                y
+            } else {
+                y.cast(input.dtype)
+            }
+        })
+        .collect())
+}
+
+/// The weights' bytes and the biases as f32, checked against an input of `[t, inp]`.
+#[allow(clippy::type_complexity)]
+fn operands(
+    layers: &[(&BlockWeight, Option<Tensor<1>>)],
+    t: usize,
+    inp: usize,
+) -> Result<(Vec<FlexTensor>, Vec<Option<FlexTensor>>), BlockError> {
     let mut weights = Vec::with_capacity(layers.len());
     let mut biases = Vec::with_capacity(layers.len());
     for (w, bias) in layers {
@@ -248,42 +328,29 @@ pub(super) fn products(
                 .expect("checked: on Flex"),
         ));
     }
-    let packed = contiguous(
-        input
-            .packed
-            .clone()
-            .try_into_primitive::<Flex>()
-            .expect("checked: on Flex"),
-    );
-    let acts = Acts::parse(packed.as_slice::<u8>().expect("u8"), t, inp);
-    let ps: Vec<Product<'_>> = layers
+    Ok((weights, biases))
+}
+
+fn product_list<'a>(
+    layers: &[(&BlockWeight, Option<Tensor<1>>)],
+    weights: &'a [FlexTensor],
+    biases: &'a [Option<FlexTensor>],
+    acts: &'a Acts<'a>,
+    t: usize,
+) -> Vec<Product<'a>> {
+    layers
         .iter()
-        .zip(&weights)
-        .zip(&biases)
+        .zip(weights)
+        .zip(biases)
         .map(|(((w, _), bytes), bias)| Product {
             w: bytes.as_slice::<u8>().expect("u8"),
             layout: w.layout,
             out: w.out_features(),
-            acts: &acts,
+            acts,
             t,
             bias: bias.as_ref().map(|b| b.as_slice::<f32>().expect("f32")),
         })
-        .collect();
-    Ok(matmul_many(&ps, isa)
-        .into_iter()
-        .zip(layers)
-        .map(|(y, (w, _))| {
-            let y = Tensor::<2>::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(
-                y,
-                [t, w.out_features()],
-            )));
-            if input.dtype == DType::F32 {
-                y
-            } else {
-                y.cast(input.dtype)
-            }
-        })
-        .collect())
+        .collect()
 }
 
 fn check_flex(what: &'static str, device: &Device) -> Result<(), BlockError> {

@@ -45,6 +45,6 @@ pub use convert::{GgufConvert, GgufConvertError, SOURCE_KEY, gguf_to_store};
 pub use format::{
     Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEY_LEN,
     MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS, TensorInfo, Value,
-    ValueType, can_dequantize, dequantize, dequantize_to_vec,
+    ValueType, can_dequantize, dequantize, dequantize_to_vec, scale_offsets,
 };
 pub use mapped::MappedGguf;

@@ -88,7 +88,7 @@ pub fn dequantize_to_vec(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>, GgufError
 #[inline(always)]
 /// Where a block of `ty` keeps its f16 scale fields (for Q4_K, the scale and the minimum):
 /// the values a converter checks for NaN and infinity. Empty for types without blocks.
-pub(crate) fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+pub fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
         GgmlType::Q4_K => &[0, 2],
