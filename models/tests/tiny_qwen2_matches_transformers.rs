@@ -10,34 +10,46 @@ use burn_mapped_tests::tiny_qwen2::{
 };
 use common::load;
 
+/// Whether the host step runs: one sequence on Flex takes it by default, and tensor ops are
+/// the other path; each is held to transformers on its own.
+const HOST_STEP: [bool; 2] = [true, false];
+
 #[test]
 fn untied_prefill_and_cached_decode_match_transformers() {
     let r = reference("untied");
-    let model = load("untied");
-    assert!(model.lm_head.is_some());
-    decode_like_transformers(&model, &r, "untied", |_| {});
+    for host in HOST_STEP {
+        let model = load("untied").with_host_step(host);
+        assert!(model.lm_head.is_some());
+        let cache = decode_like_transformers(&model, &r, &format!("untied, host {host}"), |_| {});
+        assert_eq!(cache.on_host(), host);
+    }
 }
 
 #[test]
 fn tied_prefill_and_cached_decode_match_transformers() {
     let r = reference("tied");
-    let model = load("tied");
-    assert!(
-        model.lm_head.is_none(),
-        "tied config must not create lm_head"
-    );
-    decode_like_transformers(&model, &r, "tied", |_| {});
+    for host in HOST_STEP {
+        let model = load("tied").with_host_step(host);
+        assert!(
+            model.lm_head.is_none(),
+            "tied config must not create lm_head"
+        );
+        let cache = decode_like_transformers(&model, &r, &format!("tied, host {host}"), |_| {});
+        assert_eq!(cache.on_host(), host);
+    }
 }
 
 #[test]
 fn greedy_generate_reproduces_the_transformers_tokens() {
     for variant in ["untied", "tied"] {
         let r = reference(variant);
-        let model = load(variant);
-        let out = model
-            .generate(&r.prompt, r.generated.len(), &mut Sampler::greedy(), &[])
-            .unwrap();
-        assert_eq!(out, r.generated, "{variant}");
+        for host in HOST_STEP {
+            let model = load(variant).with_host_step(host);
+            let out = model
+                .generate(&r.prompt, r.generated.len(), &mut Sampler::greedy(), &[])
+                .unwrap();
+            assert_eq!(out, r.generated, "{variant}, host {host}");
+        }
     }
 }
 
@@ -62,26 +74,56 @@ fn generate_stops_after_a_stop_token() {
 #[test]
 fn chunked_prefill_matches_transformers() {
     let r = reference("untied");
+    for host in HOST_STEP {
+        let model = load("untied").with_host_step(host);
+        let mut cache = model.new_cache(1, r.prompt.len());
+        let split = 4;
+        let mut ours = rows(
+            model
+                .forward(tokens(&r.prompt[..split]), &mut cache)
+                .unwrap(),
+        );
+        ours.extend(rows(
+            model
+                .forward(tokens(&r.prompt[split..]), &mut cache)
+                .unwrap(),
+        ));
+        assert_eq!(cache.on_host(), host);
+        for (pos, row) in ours.iter().enumerate() {
+            check_row(
+                &format!("chunked prefill position {pos}, host {host}"),
+                row,
+                &r.logits[pos],
+            );
+        }
+    }
+}
+
+/// A cache keeps the path that filled it: the host step's positions are not continued by
+/// tensor ops (which could not see them) when the batch would allow either, and a cache
+/// reset may change path.
+#[test]
+fn a_cache_continues_on_the_path_that_filled_it() {
+    let r = reference("untied");
     let model = load("untied");
-    let mut cache = model.new_cache(1, r.prompt.len());
-    let split = 4;
-    let mut ours = rows(
+    let mut cache = model.new_cache(1, r.prompt.len() + 1);
+    model.forward(tokens(&r.prompt), &mut cache).unwrap();
+    assert!(cache.on_host());
+    let model = model.with_host_step(false);
+    let next = rows(
         model
-            .forward(tokens(&r.prompt[..split]), &mut cache)
+            .forward(tokens(&[r.generated[0]]), &mut cache)
             .unwrap(),
     );
-    ours.extend(rows(
-        model
-            .forward(tokens(&r.prompt[split..]), &mut cache)
-            .unwrap(),
-    ));
-    for (pos, row) in ours.iter().enumerate() {
-        check_row(
-            &format!("chunked prefill position {pos}"),
-            row,
-            &r.logits[pos],
-        );
-    }
+    assert!(cache.on_host(), "continued where its positions are");
+    check_row(
+        "decode after switching off",
+        &next[0],
+        &r.logits[r.prompt.len()],
+    );
+    cache.reset();
+    model.forward(tokens(&r.prompt), &mut cache).unwrap();
+    assert!(!cache.on_host(), "an emptied cache takes the model's path");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_mapped_models::qwen2::{Qwen2ForCausalLM, argmax};
+use burn_mapped_models::qwen2::{KvCache, Qwen2ForCausalLM, argmax};
 
 use crate::numeric::read_f32s;
 use crate::real::u32s;
@@ -98,7 +98,7 @@ pub fn decode_like_transformers(
     r: &Reference,
     what: &str,
     mut after_forward: impl FnMut(u64),
-) {
+) -> KvCache {
     let steps = r.generated.len() - 1;
     let prompt_len = r.prompt.len();
     let mut cache = model.new_cache(1, prompt_len + steps);
@@ -133,4 +133,5 @@ pub fn decode_like_transformers(
         chosen, r.generated,
         "{what}: greedy tokens differ from transformers"
     );
+    cache
 }

@@ -10,8 +10,14 @@
 //!
 //! The price is the memory for `capacity` positions up front; callers size it to what
 //! they will generate (`prompt + max_new_tokens`).
+//!
+//! The host step ([`super::host_step`]) keeps its keys and values in plain `f32` buffers of
+//! the same shape instead, made on its first use; a cache continues on the path that filled
+//! it.
 
 use burn::tensor::Tensor;
+
+use super::host_step::HostKv;
 
 /// Cache of past keys and values, created by
 /// [`Qwen2ForCausalLM::new_cache`](crate::qwen2::Qwen2ForCausalLM::new_cache).
@@ -20,6 +26,11 @@ use burn::tensor::Tensor;
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
+    /// The host step's cache ([`super::host_step`]), made on its first use.
+    host: Option<HostKv>,
+    /// Whether the cached positions were written by the host step (the two paths keep their
+    /// keys and values apart; a cache continues on the path that filled it).
+    on_host: bool,
     batch: usize,
     capacity: usize,
     len: usize,
@@ -35,6 +46,8 @@ impl KvCache {
     pub(crate) fn new(num_layers: usize, batch: usize, capacity: usize) -> Self {
         Self {
             layers: (0..num_layers).map(|_| LayerCache::default()).collect(),
+            host: None,
+            on_host: false,
             batch,
             capacity,
             len: 0,
@@ -85,6 +98,7 @@ impl KvCache {
             "capacity is checked before the forward pass"
         );
         let capacity = self.capacity;
+        self.on_host = false;
         let entry = &mut self.layers[layer];
         let write = |slot: &mut Option<Tensor<4>>, value: Tensor<4>| {
             let buffer = slot.take().unwrap_or_else(|| {
@@ -101,6 +115,21 @@ impl KvCache {
         let k_all = write(&mut entry.k, k);
         let v_all = write(&mut entry.v, v);
         (k_all, v_all)
+    }
+
+    /// Whether the cached positions were written by the host step
+    /// ([`Qwen2ForCausalLM::with_host_step`](crate::qwen2::Qwen2ForCausalLM::with_host_step)).
+    pub fn on_host(&self) -> bool {
+        self.on_host
+    }
+
+    /// The host step's cache (made on first use) for a model of these shapes; from now on the
+    /// positions are the host step's.
+    pub(crate) fn host(&mut self, kv_heads: usize, head_dim: usize) -> &mut HostKv {
+        self.on_host = true;
+        let (layers, capacity) = (self.layers.len(), self.capacity);
+        self.host
+            .get_or_insert_with(|| HostKv::new(layers, kv_heads, head_dim, capacity))
     }
 
     pub(crate) fn advance(&mut self, seq: usize) {

@@ -3,6 +3,7 @@
 mod cache;
 mod config;
 mod gguf_names;
+mod host_step;
 mod model;
 mod projection;
 mod rope;

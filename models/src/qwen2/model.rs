@@ -13,6 +13,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
+use super::host_step::{self, HostParams};
 use super::projection::{BlockLinear, Projection, Q8Linear};
 use super::rope::RopeTables;
 use super::vocab::{VocabBlocks, VocabBlocksError};
@@ -36,6 +37,8 @@ pub struct Qwen2Model {
     /// `lm_head`) are never read: see [`Qwen2ForCausalLM::with_vocab_blocks`].
     #[module(skip)]
     blocks: Option<VocabBlocks>,
+    /// Whether a single sequence on Flex runs through [`host_step`] (on by default).
+    host_step: bool,
 }
 
 /// One pre-norm transformer block.
@@ -233,6 +236,7 @@ impl Qwen2Config {
                 norm: norm(self.hidden_size),
                 rope_theta: self.rope_theta,
                 blocks: None,
+                host_step: true,
             },
             lm_head: (!self.tie_word_embeddings).then(|| {
                 linear(
@@ -272,6 +276,16 @@ impl Qwen2ForCausalLM {
         blocks.check(vocab, hidden, self.lm_head.is_none())?;
         self.model.blocks = Some(blocks);
         Ok(self)
+    }
+
+    /// This model with the host step on or off. On (the default), one sequence whose `f32`
+    /// parameters are on Flex runs each layer over host buffers, with products, RoPE, the
+    /// cache write and attention outside Burn's op-by-op dispatch; off, every forward runs as
+    /// tensor ops, as it does on other backends and for batches. Both compute the same
+    /// function.
+    pub fn with_host_step(mut self, enabled: bool) -> Self {
+        self.model.host_step = enabled;
+        self
     }
 
     /// Logits `[batch, seq, vocab]` for every input position. `tokens` (`[batch, seq]`)
@@ -334,6 +348,24 @@ impl Qwen2Model {
         let ids = self.check_input(&tokens, cache)?;
         let start = cache.len();
         let device = tokens.device();
+        // A cache continues on the path that holds its positions; an empty one takes the host
+        // step when it is on and the model can run it.
+        let host = if start == 0 {
+            (self.host_step && batch == 1)
+                .then(|| HostParams::new(self))
+                .flatten()
+        } else if cache.on_host() {
+            HostParams::new(self)
+        } else {
+            None
+        };
+        if let Some(params) = host {
+            let attn = &self.layers[0].self_attn;
+            let kv = cache.host(attn.num_kv_heads, attn.head_dim);
+            let hidden = host_step::forward(self, &params, &ids, start, kv);
+            cache.advance(seq);
+            return Ok(hidden);
+        }
 
         let mut x = match &self.blocks {
             Some(blocks) => {
@@ -358,6 +390,15 @@ impl Qwen2Model {
         }
         cache.advance(seq);
         Ok(self.norm.forward(x))
+    }
+
+    /// The vocabulary blocks that replace the embedding and head, if any.
+    pub(crate) fn vocab_blocks(&self) -> Option<&VocabBlocks> {
+        self.blocks.as_ref()
+    }
+
+    pub(crate) fn rope_theta(&self) -> f64 {
+        self.rope_theta
     }
 
     /// The token ids, row-major, once they are known to fit the cache and the vocabulary.
@@ -510,6 +551,20 @@ impl Attention {
     }
 }
 
+impl Attention {
+    pub(crate) fn num_heads(&self) -> usize {
+        self.num_heads
+    }
+
+    pub(crate) fn num_kv_heads(&self) -> usize {
+        self.num_kv_heads
+    }
+
+    pub(crate) fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+}
+
 impl Mlp {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [gate, up] = project_shared([&self.gate_proj, &self.up_proj], x);
@@ -518,6 +573,10 @@ impl Mlp {
 }
 
 impl RmsNorm {
+    pub(crate) fn eps(&self) -> f64 {
+        self.eps
+    }
+
     /// `weight * (x / sqrt(mean(x^2) + eps))`, the statistics in f32 (HF `Qwen2RMSNorm`).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();

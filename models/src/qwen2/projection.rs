@@ -249,27 +249,9 @@ impl Projection {
         layers: [&Projection; N],
         x: Tensor<2>,
     ) -> [Tensor<2>; N] {
-        let blocks: Option<Vec<&BlockLinear>> = layers
-            .iter()
-            .map(|layer| match layer {
-                Projection::Blocks(b) => Some(b),
-                _ => None,
-            })
-            .collect();
-        if let Some(blocks) = blocks {
+        if let Some(operands) = block_operands(&layers) {
             let input = BlockInput::new(x).unwrap_or_else(|e| panic!("BlockLinear input: {e}"));
-            let weights: Vec<BlockWeight> = blocks
-                .iter()
-                .map(|b| {
-                    b.block_weight()
-                        .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}"))
-                })
-                .collect();
-            let layers: Vec<_> = weights
-                .iter()
-                .zip(&blocks)
-                .map(|(w, b)| (w, b.bias.as_ref().map(|b| b.val())))
-                .collect();
+            let layers: Vec<_> = operands.iter().map(|(w, b)| (w, b.clone())).collect();
             let mut ys = block_linear_shared(&input, &layers)
                 .unwrap_or_else(|e| panic!("BlockLinear: {e}"))
                 .into_iter();
@@ -314,6 +296,28 @@ impl Projection {
             other => Projection::PerUseCopy(Box::new(other), stager),
         }
     }
+}
+
+/// The checked weights and biases of `layers` when every one holds GGUF blocks (adopted, not
+/// a per-use copy), as the block products take them.
+///
+/// # Panics
+///
+/// If a loaded block weight does not fit its layout (a loader bug).
+pub(crate) fn block_operands(
+    layers: &[&Projection],
+) -> Option<Vec<(BlockWeight, Option<Tensor<1>>)>> {
+    layers
+        .iter()
+        .map(|layer| match layer {
+            Projection::Blocks(b) => Some((
+                b.block_weight()
+                    .unwrap_or_else(|e| panic!("BlockLinear parameters: {e}")),
+                b.bias.as_ref().map(|b| b.val()),
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 macro_rules! each {

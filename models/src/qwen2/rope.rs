@@ -29,22 +29,17 @@ impl RopeTables {
         device: &Device,
     ) -> Self {
         let half = head_dim / 2;
-        let base = theta as f32;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32))
-            .collect();
-        let mut cos = Vec::with_capacity(len * head_dim);
-        let mut sin = Vec::with_capacity(len * head_dim);
-        for pos in start..start + len {
-            let row_start = cos.len();
-            for &f in &inv_freq {
-                let angle = (pos as f32 * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
+        let mut cos = vec![0f32; len * head_dim];
+        let mut sin = vec![0f32; len * head_dim];
+        for (i, pos) in (start..start + len).enumerate() {
+            let (c, s) = (
+                &mut cos[i * head_dim..(i + 1) * head_dim],
+                &mut sin[i * head_dim..(i + 1) * head_dim],
+            );
+            angles(theta, head_dim, pos, &mut c[..half], &mut s[..half]);
             // Both halves of the head use the same angles.
-            cos.extend_from_within(row_start..row_start + half);
-            sin.extend_from_within(row_start..row_start + half);
+            c.copy_within(..half, half);
+            s.copy_within(..half, half);
         }
         let shape = [1, len, 1, head_dim];
         let upload = |v: Vec<f32>| {
@@ -69,5 +64,31 @@ impl RopeTables {
         let x2 = x.clone().narrow(3, half, half);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
         x * self.cos.clone() + rotated * self.sin.clone()
+    }
+}
+
+/// `cos` and `sin` of the `head_dim / 2` angles of position `pos`, in transformers' float32
+/// recipe (see the module documentation).
+pub(crate) fn angles(theta: f64, head_dim: usize, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+    let base = theta as f32;
+    for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
+        let inv_freq = 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32);
+        let angle = (pos as f32 * inv_freq) as f64;
+        *c = angle.cos() as f32;
+        *s = angle.sin() as f32;
+    }
+}
+
+/// Rotates each `head_dim`-wide head of `x` in place by the angles of [`angles`] (`cos`, `sin`
+/// hold `head_dim / 2` values): the host step's form of [`RopeTables::apply`].
+pub(crate) fn rotate(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        let (x1, x2) = head.split_at_mut(half);
+        for i in 0..half {
+            let (a, b) = (x1[i], x2[i]);
+            x1[i] = a * cos[i] - b * sin[i];
+            x2[i] = b * cos[i] + a * sin[i];
+        }
     }
 }
