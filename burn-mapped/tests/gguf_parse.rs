@@ -248,6 +248,47 @@ fn typed_getters_report_missing_keys_and_wrong_types() {
 }
 
 #[test]
+fn take_str_array_moves_the_array_out_and_keeps_the_other_keys() {
+    let strings = |items: &[&str]| {
+        let mut v = [le32(T_STRING), le64(items.len() as u64)].concat();
+        for item in items {
+            v.extend(gstr(item.as_bytes()));
+        }
+        v
+    };
+    let bytes = Builder::new()
+        .kv_str("general.architecture", "test")
+        .kv("test.tokens", T_ARRAY, strings(&["a", "Ġb", ""]))
+        .kv("test.merges", T_ARRAY, strings(&["a b"]))
+        .kv_u32("test.n", 7)
+        .build();
+    let mut gguf = GgufFile::parse(&bytes).unwrap();
+    // Errors remove nothing.
+    assert!(matches!(
+        gguf.take_str_array("test.n"),
+        Err(GgufError::WrongType { found, .. }) if found == "u32"
+    ));
+    assert!(matches!(
+        gguf.take_str_array("nope"),
+        Err(GgufError::MissingKey { .. })
+    ));
+    assert_eq!(gguf.metadata().len(), 4);
+
+    assert_eq!(gguf.take_str_array("test.tokens").unwrap(), ["a", "Ġb", ""]);
+    assert!(matches!(
+        gguf.take_str_array("test.tokens"),
+        Err(GgufError::MissingKey { .. })
+    ));
+    assert!(gguf.get("test.tokens").is_none());
+    let keys: Vec<_> = gguf.metadata().iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["general.architecture", "test.merges", "test.n"]);
+    // The keys after the removed one are still found.
+    assert_eq!(gguf.get_u32("test.n").unwrap(), 7);
+    assert_eq!(gguf.get_str_array("test.merges").unwrap(), ["a b"]);
+    assert_eq!(gguf.architecture().unwrap(), "test");
+}
+
+#[test]
 fn tensor_bytes_rejects_a_buffer_that_was_not_parsed() {
     let bytes = valid().build();
     let gguf = GgufFile::parse(&bytes).unwrap();
@@ -418,8 +459,12 @@ fn maps_a_file_from_disk() {
     let mapped = MappedGguf::open(&path).unwrap();
     assert_eq!(mapped.path(), path);
     assert_eq!(mapped.bytes(), TINY_GGUF);
-    let info = mapped.gguf().tensor("t.f32").unwrap();
-    assert_eq!(mapped.tensor_data(info).unwrap().len(), 24);
+    let info = mapped.gguf().tensor("t.f32").unwrap().clone();
+    assert_eq!(mapped.tensor_data(&info).unwrap().len(), 24);
+    let header = mapped.gguf().clone();
+    let gguf = mapped.into_gguf();
+    assert_eq!(gguf.metadata(), header.metadata());
+    assert_eq!(gguf.tensors(), header.tensors());
 }
 
 #[test]

@@ -247,10 +247,11 @@ pub fn config_from_store(store: &MappedStore) -> Result<Qwen2Config, QwenError> 
     Ok(config_from_manifest(store.manifest())?)
 }
 
-/// Builds the tokenizer from a GGUF's embedded vocabulary.
-pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Qwen2Tokenizer, QwenError> {
-    let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?.to_vec();
-    let merges = gguf.get_str_array("tokenizer.ggml.merges")?.to_vec();
+/// Builds the tokenizer from a GGUF's embedded vocabulary. Takes the file so that the token
+/// and merge strings move into the tokenizer rather than being copied.
+pub fn tokenizer_from_gguf(mut gguf: GgufFile) -> Result<Qwen2Tokenizer, QwenError> {
+    let tokens = gguf.take_str_array("tokenizer.ggml.tokens")?;
+    let merges = gguf.take_str_array("tokenizer.ggml.merges")?;
     let types = gguf.get_i32_array("tokenizer.ggml.token_type")?.to_vec();
     let eos = gguf.get_u32("tokenizer.ggml.eos_token_id")?;
     let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").ok();
@@ -289,10 +290,30 @@ pub fn load(paths: &ModelPaths, device: &Device, strict: bool) -> Result<LoadedQ
 }
 
 /// Opens the GGUF recorded for a store and builds its tokenizer.
+///
+/// Parsing the GGUF allocates a string per token and merge, all freed once the tokenizer is
+/// built; those pages are then handed back to the system (`malloc_trim` on glibc) rather than
+/// staying in the process's anonymous memory for the rest of the run.
 pub fn load_tokenizer(paths: &ModelPaths) -> Result<Qwen2Tokenizer, QwenError> {
-    let gguf = MappedGguf::open(&paths.gguf)?;
-    tokenizer_from_gguf(gguf.gguf())
+    let tokenizer = tokenizer_from_gguf(MappedGguf::open(&paths.gguf)?.into_gguf())?;
+    release_free_heap();
+    Ok(tokenizer)
 }
+
+/// Returns the heap's free pages to the system. glibc keeps freed small blocks resident
+/// unless they border the top of the heap; `malloc_trim` releases every whole free page.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_free_heap() {
+    // SAFETY: malloc_trim takes no pointers and only releases memory malloc holds as free.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Returns the heap's free pages to the system: nothing to do where the allocator is not
+/// glibc's, which is the one known to keep them.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_heap() {}
 
 /// A model loaded with a given placement.
 pub struct PlacedQwen {

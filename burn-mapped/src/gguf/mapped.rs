@@ -86,6 +86,12 @@ impl MappedGguf {
         &self.gguf
     }
 
+    /// The parsed header without the mapping, for a caller done with the tensor data that
+    /// wants to take values out of the metadata ([`GgufFile::take_str_array`]).
+    pub fn into_gguf(self) -> GgufFile {
+        self.gguf
+    }
+
     /// The whole mapped file.
     pub fn bytes(&self) -> &[u8] {
         &self.map

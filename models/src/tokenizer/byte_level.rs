@@ -63,20 +63,23 @@ pub(crate) fn byte_of(c: char) -> Option<u8> {
     UNSHIFT.get((code - 0x100) as usize).copied()
 }
 
-/// The bytes a vocabulary entry decodes to: the spelled bytes when every character is a
-/// spelling, else the entry's own UTF-8 (added tokens such as `<|im_end|>` are plain text,
-/// which for ASCII punctuation and letters is the same thing).
-pub(crate) fn token_bytes(token: &str) -> Vec<u8> {
-    token
-        .chars()
-        .map(byte_of)
-        .collect::<Option<Vec<u8>>>()
-        .unwrap_or_else(|| token.as_bytes().to_vec())
-}
-
-/// Whether every character of `token` is a byte spelling.
-pub(crate) fn is_byte_spelled(token: &str) -> bool {
-    token.chars().all(|c| byte_of(c).is_some())
+/// Appends the bytes a vocabulary entry decodes to and says whether it is byte-spelled: the
+/// spelled bytes when every character is a spelling, else the entry's own UTF-8 (added tokens
+/// such as `<|im_end|>` are plain text, which for ASCII punctuation and letters is the same
+/// thing). One pass serves both the decoding table and the check of normal tokens.
+pub(crate) fn push_token_bytes(token: &str, out: &mut Vec<u8>) -> bool {
+    let start = out.len();
+    for c in token.chars() {
+        match byte_of(c) {
+            Some(b) => out.push(b),
+            None => {
+                out.truncate(start);
+                out.extend_from_slice(token.as_bytes());
+                return false;
+            }
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -95,5 +98,16 @@ mod tests {
         assert_eq!(byte_of(' '), None);
         assert_eq!(byte_of('\u{144}'), None);
         assert_eq!(byte_of('é'), Some(0xE9));
+    }
+
+    #[test]
+    fn token_bytes_are_the_spelled_bytes_or_else_the_text() {
+        let mut out = b"x".to_vec();
+        assert!(push_token_bytes("Ġhi", &mut out));
+        assert_eq!(out, b"x hi");
+        assert!(!push_token_bytes("<|im_end|> ", &mut out));
+        assert_eq!(out, b"x hi<|im_end|> ");
+        assert!(push_token_bytes("", &mut out));
+        assert_eq!(out, b"x hi<|im_end|> ");
     }
 }

@@ -2,25 +2,32 @@
 //! Qwen2.5 chat prompt.
 //!
 //! The constructor takes plain data (`tokenizer.ggml.tokens`, `.merges`, `.token_type`, the
-//! special ids) so this module needs no GGUF parser. Encoding runs on the `tokenizers` crate
-//! with the split regex of Qwen2's pre-tokenizer; decoding maps ids to bytes through a table
-//! built here, so that [`Qwen2Tokenizer::decode`] and [`StreamDecoder`] share one definition
-//! of the bytes behind an id.
+//! special ids) so this module needs no GGUF parser. Encoding runs the `tokenizers` crate's
+//! pipeline (added tokens, the split regex of Qwen2's pre-tokenizer, byte-level respelling)
+//! with this module's BPE model, built over ids and one text buffer rather than the crate's
+//! maps of owned strings (see `bpe`); decoding maps ids to bytes through a table built here,
+//! so that [`Qwen2Tokenizer::decode`] and [`StreamDecoder`] share one definition of the bytes
+//! behind an id.
 //!
 //! Text is not Unicode-normalized before encoding: this follows llama.cpp and the GGUF
 //! conversion of Hugging Face transformers, which the tests use as the reference (the original
 //! Hugging Face Qwen2 tokenizer applies NFC first, so a decomposed accent may encode
 //! differently there).
 
+mod bpe;
 mod byte_level;
 mod chat;
 mod stream;
 
-use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+    SplitDelimiterBehavior, TokenizerImpl,
+};
+
+use bpe::{ByteLevelBpe, Duplicate};
 
 pub use chat::{DEFAULT_SYSTEM_PROMPT, chat_prompt};
 pub use stream::StreamDecoder;
@@ -57,6 +64,10 @@ pub enum TokenizerError {
     EmptyVocabulary,
     #[error("the vocabulary has {count} tokens, more than u32 ids can number")]
     TooManyTokens { count: usize },
+    #[error("the tokens spell {bytes} bytes in all, more than u32 offsets can address")]
+    TooManyBytes { bytes: usize },
+    #[error("there are {count} merges, more than u32 ranks can number")]
+    TooManyMerges { count: usize },
     #[error("{tokens} tokens but {token_types} token types")]
     TokenTypeCount { tokens: usize, token_types: usize },
     #[error("token {id} ({token:?}) has unknown token type {token_type}")]
@@ -99,11 +110,23 @@ pub enum TokenizerError {
     },
 }
 
+/// The `tokenizers` pipeline around [`ByteLevelBpe`]: no normalizer, post-processor or
+/// decoder is set.
+type Pipeline = TokenizerImpl<
+    ByteLevelBpe,
+    NormalizerWrapper,
+    PreTokenizerWrapper,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
 /// Qwen2 byte-level BPE over a GGUF-embedded vocabulary.
 pub struct Qwen2Tokenizer {
-    inner: Tokenizer,
-    /// The bytes behind each id, index = id.
-    bytes: Vec<Box<[u8]>>,
+    inner: Pipeline,
+    /// The bytes behind every id, back to back: one allocation rather than one per token.
+    bytes: Vec<u8>,
+    /// Id `i`'s bytes are `bytes[offsets[i]..offsets[i + 1]]`.
+    offsets: Vec<u32>,
     eos: u32,
     bos: Option<u32>,
     add_bos: bool,
@@ -114,7 +137,7 @@ pub struct Qwen2Tokenizer {
 impl std::fmt::Debug for Qwen2Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Qwen2Tokenizer")
-            .field("vocab_size", &self.bytes.len())
+            .field("vocab_size", &self.vocab_size())
             .field("eos", &self.eos)
             .field("bos", &self.bos)
             .field("add_bos", &self.add_bos)
@@ -173,49 +196,50 @@ impl Qwen2Tokenizer {
             return Err(TokenizerError::AddBosWithoutBos);
         }
 
-        let mut vocab = Vocab::default();
+        // Decoded bytes are never longer than the spelling (a character is 1-2 UTF-8 bytes
+        // per byte it spells), so the text length bounds both tables.
+        let text_len: usize = tokens.iter().map(String::len).sum();
+        if u32::try_from(text_len).is_err() {
+            return Err(TokenizerError::TooManyBytes { bytes: text_len });
+        }
+        let mut model = ByteLevelBpe::with_capacity(vocab_size, text_len);
+        let mut bytes = Vec::with_capacity(text_len);
+        let mut offsets = Vec::with_capacity(vocab_size + 1);
+        offsets.push(0u32);
         let mut added = Vec::new();
-        for (id, (token, &kind)) in (0u32..).zip(tokens.iter().zip(&token_types)) {
+        for (id, (token, &kind)) in (0u32..).zip(tokens.into_iter().zip(&token_types)) {
             if !(token_type::UNDEFINED..=token_type::BYTE).contains(&kind) {
                 return Err(TokenizerError::UnknownTokenType {
                     id,
-                    token: token.clone(),
+                    token,
                     token_type: kind,
                 });
             }
-            if kind == token_type::NORMAL && !byte_level::is_byte_spelled(token) {
-                return Err(TokenizerError::NotByteLevel {
-                    id,
-                    token: token.clone(),
-                });
+            let spelled = byte_level::push_token_bytes(&token, &mut bytes);
+            if kind == token_type::NORMAL && !spelled {
+                return Err(TokenizerError::NotByteLevel { id, token });
             }
-            if let Some(first) = vocab.insert(token.clone(), id) {
+            // At most `text_len` bytes, checked above.
+            offsets.push(bytes.len() as u32);
+            if let Err(Duplicate { first }) = model.push_token(&token) {
                 return Err(TokenizerError::DuplicateToken {
-                    token: token.clone(),
+                    token,
                     first,
                     second: id,
                 });
             }
             match kind {
-                token_type::CONTROL => added.push(AddedToken::from(token.clone(), true)),
-                token_type::USER_DEFINED => added.push(AddedToken::from(token.clone(), false)),
+                token_type::CONTROL => added.push(AddedToken::from(token, true)),
+                token_type::USER_DEFINED => added.push(AddedToken::from(token, false)),
                 _ => {}
             }
         }
-        for (byte, &spelling) in (0u8..=255).zip(&byte_level::SPELLING) {
-            if !vocab.contains_key(spelling.encode_utf8(&mut [0; 4]) as &str) {
-                return Err(TokenizerError::MissingByteToken { byte, spelling });
-            }
+        if let Err(byte) = model.find_byte_tokens() {
+            let spelling = byte_level::SPELLING[byte as usize];
+            return Err(TokenizerError::MissingByteToken { byte, spelling });
         }
+        model.set_merges(merges)?;
 
-        let merges = parse_merges(merges, &vocab)?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|source| TokenizerError::Backend {
-                action: "build the BPE model",
-                source,
-            })?;
         let split = Split::new(
             SplitPattern::Regex(QWEN2_SPLIT_REGEX.to_owned()),
             SplitDelimiterBehavior::Isolated,
@@ -225,7 +249,7 @@ impl Qwen2Tokenizer {
             action: "compile the Qwen2 split regex",
             source,
         })?;
-        let mut inner = Tokenizer::new(bpe);
+        let mut inner = Pipeline::new(model);
         inner.with_pre_tokenizer(Some(Sequence::new(vec![
             PreTokenizerWrapper::Split(split),
             // The split above already cut the text; this only respells bytes.
@@ -237,10 +261,6 @@ impl Qwen2Tokenizer {
         inner.add_special_tokens(&special);
         inner.add_tokens(&plain);
 
-        let bytes = tokens
-            .iter()
-            .map(|t| byte_level::token_bytes(t).into_boxed_slice())
-            .collect();
         let mut eos_ids = vec![eos];
         for name in ["<|im_end|>", "<|endoftext|>"] {
             if let Some(id) = inner.token_to_id(name)
@@ -252,6 +272,7 @@ impl Qwen2Tokenizer {
         Ok(Self {
             inner,
             bytes,
+            offsets,
             eos,
             bos,
             add_bos,
@@ -297,14 +318,15 @@ impl Qwen2Tokenizer {
 
     /// The raw bytes behind one id.
     pub fn token_bytes(&self, id: u32) -> Result<&[u8], TokenizerError> {
-        self.bytes
-            .get(id as usize)
-            .map(|b| &**b)
-            .ok_or(TokenizerError::IdOutOfRange {
+        let i = id as usize;
+        match self.offsets.get(i..i.saturating_add(2)) {
+            Some(&[start, end]) => Ok(&self.bytes[start as usize..end as usize]),
+            _ => Err(TokenizerError::IdOutOfRange {
                 what: "token",
                 id,
-                vocab_size: self.bytes.len(),
-            })
+                vocab_size: self.vocab_size(),
+            }),
+        }
     }
 
     /// Ids that end a chat reply: the vocabulary's EOS, then `<|im_end|>` and
@@ -330,37 +352,6 @@ impl Qwen2Tokenizer {
 
     /// Number of ids, equal to the length of the token array it was built from.
     pub fn vocab_size(&self) -> usize {
-        self.bytes.len()
+        self.offsets.len() - 1
     }
-}
-
-/// `"left right"` lines into pairs, each checked against the vocabulary so that an error can
-/// name the merge (the `tokenizers` builder only names the token).
-fn parse_merges(
-    merges: Vec<String>,
-    vocab: &Vocab,
-) -> Result<Vec<(String, String)>, TokenizerError> {
-    let mut pairs = Vec::with_capacity(merges.len());
-    for (index, merge) in merges.into_iter().enumerate() {
-        let Some((left, right)) = merge
-            .split_once(' ')
-            .filter(|(l, r)| !l.is_empty() && !r.is_empty() && !r.contains(' '))
-        else {
-            return Err(TokenizerError::MalformedMerge { index, merge });
-        };
-        let joined = format!("{left}{right}");
-        let missing = [left, right, joined.as_str()]
-            .into_iter()
-            .find(|part| !vocab.contains_key(*part))
-            .map(str::to_owned);
-        if let Some(missing) = missing {
-            return Err(TokenizerError::MergeOutOfVocabulary {
-                index,
-                merge,
-                missing,
-            });
-        }
-        pairs.push((left.to_owned(), right.to_owned()));
-    }
-    Ok(pairs)
 }

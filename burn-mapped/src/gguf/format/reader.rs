@@ -193,6 +193,39 @@ impl GgufFile {
         get_f32_array -> f32, F32, "array of f32";
     }
 
+    /// Removes the array of strings at `key` and hands over its strings, for a caller that
+    /// would otherwise copy a large array (a vocabulary) only to drop this one.
+    ///
+    /// # Errors
+    ///
+    /// As [`GgufFile::get_str_array`]; on error nothing is removed.
+    pub fn take_str_array(&mut self, key: &str) -> Result<Vec<String>, GgufError> {
+        let index = *self
+            .key_index
+            .get(key)
+            .ok_or_else(|| GgufError::MissingKey {
+                key: key.to_owned(),
+            })?;
+        let strings = match &mut self.metadata[index].1 {
+            Value::Array(Array::String(strings)) => std::mem::take(strings),
+            other => {
+                return Err(GgufError::wrong_type(
+                    key,
+                    "array of string",
+                    other.type_description(),
+                ));
+            }
+        };
+        self.metadata.remove(index);
+        self.key_index.remove(key);
+        for later in self.key_index.values_mut() {
+            if *later > index {
+                *later -= 1;
+            }
+        }
+        Ok(strings)
+    }
+
     /// The string at `key`.
     ///
     /// # Errors
