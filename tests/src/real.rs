@@ -16,6 +16,12 @@ pub const REAL_FIXTURE: &str = concat!(
     "/../models/tests/fixtures/qwen25_real"
 );
 
+/// How many of the reference's greedy tokens the decode tests generate and compare: their
+/// contract is that the first this many equal the reference's. The reference holds more
+/// (`generated_ids`, `margins`), so that where a float32 implementation parts from it later,
+/// the reference's margin there can be read off.
+pub const COMPARED_TOKENS: usize = 32;
+
 /// The real Qwen2.5-Coder-0.5B-Instruct GGUF: `$BURN_MAPPED_GGUF`, else the fetch cache's copy.
 ///
 /// Returns `None` (after saying so on stderr) when it is absent, so a test can pass without it;
@@ -47,16 +53,29 @@ pub struct RealPrompt {
     /// What the chat template was applied to, for chat prompts.
     pub user_message: Option<String>,
     pub prompt_ids: Vec<u32>,
-    /// The reference's greedy continuation.
+    /// The reference's greedy continuation, all of it (at least [`COMPARED_TOKENS`]).
     pub generated_ids: Vec<u32>,
     /// Top-1 over top-2 logit gap at each position of the continuation.
     pub margins: Vec<f64>,
-    /// Smallest top-1 over top-2 logit gap along the continuation.
+    /// Smallest top-1 over top-2 logit gap along the whole continuation.
     pub min_margin: f64,
     pub first: FirstLogits,
 }
 
 impl RealPrompt {
+    /// The first [`COMPARED_TOKENS`] tokens of the continuation: what a decode test compares.
+    pub fn compared_ids(&self) -> &[u32] {
+        &self.generated_ids[..COMPARED_TOKENS]
+    }
+
+    /// Smallest top-1 over top-2 logit gap over the first [`COMPARED_TOKENS`] positions.
+    pub fn compared_min_margin(&self) -> f64 {
+        self.margins[..COMPARED_TOKENS]
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    }
+
     /// The prompt text built the way the CLI builds it: the chat template applied to the user
     /// message, or the raw text.
     pub fn built_text(&self) -> String {

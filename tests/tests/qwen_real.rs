@@ -7,7 +7,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{Sampler, argmax};
-use burn_mapped_tests::real::{real_first_logits_prompt0, real_reference};
+use burn_mapped_tests::real::{COMPARED_TOKENS, real_first_logits_prompt0, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
 use burn_mapped_tools::qwen;
 
@@ -52,22 +52,23 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
             "prompt {i}: first-position logits rel err {worst:e}"
         );
 
-        // 32 greedy tokens.
+        // The first COMPARED_TOKENS greedy tokens.
         let generated = loaded
             .model
-            .generate(&prompt_ids, 32, &mut Sampler::greedy(), &[])
+            .generate(&prompt_ids, COMPARED_TOKENS, &mut Sampler::greedy(), &[])
             .unwrap();
-        let want = &p.generated_ids;
+        let want = p.compared_ids();
         let agree = generated
             .iter()
             .zip(want)
             .take_while(|(a, b)| a == b)
             .count();
         table.push(format!(
-            "prompt {i}: {agree}/32 tokens agree, first-logit rel err {worst:.2e}, min margin {:.3}",
-            p.min_margin
+            "prompt {i}: {agree}/{COMPARED_TOKENS} tokens agree, first-logit rel err {worst:.2e}, \
+             min margin {:.3}",
+            p.compared_min_margin()
         ));
-        assert_eq!(&generated, want, "prompt {i}: greedy tokens");
+        assert_eq!(generated, want, "prompt {i}: greedy tokens");
     }
     for line in table {
         println!("{line}");

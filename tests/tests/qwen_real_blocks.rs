@@ -17,19 +17,22 @@ use burn_mapped::gguf::{GgmlType, GgufFile};
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax, hf_name};
 use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
-use burn_mapped_tests::real::real_reference;
+use burn_mapped_tests::real::{COMPARED_TOKENS, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
 use burn_mapped_tools::qwen::{self, StoreDType};
 
 /// Largest first-position logit error allowed, `max |blocks - ref| / max |ref|` over the
-/// reference's largest logits. Measured on the four prompts: 0.81e-2 to 1.16e-2, all of it the
+/// reference's largest logits. Measured on the four prompts: 0.9e-2 to 1.6e-2, all of it the
 /// 8-bit activations (the weights are the reference's), against 1.3e-2 to 2.6e-2 for the q8
-/// store, which also rounds the weights again. The bound leaves room for another kernel's
-/// summation order; a misread block type or scale gives errors of order 1.
+/// store, which also rounds the weights again. Which activations round up or down depends on
+/// the summation order of everything before them, so another kernel or step moves each
+/// prompt's figure within that range; a misread block type or scale gives errors of order 1.
 const LOGIT_BOUND: f64 = 2e-2;
 
 /// Below this top-2 margin (in logits) the reference's choice may flip under the activation
 /// quantization; a difference in the greedy tokens is accepted only after such a position.
+/// The activations move single logits by up to ~0.25, so a larger margin can flip too under
+/// another summation order: such a failure names the position and its margin.
 const NEAR_TIE: f64 = 0.05;
 
 #[test]
@@ -113,10 +116,10 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
             failures.push(format!("prompt {i}: first-position logit error {err:.3e}"));
         }
 
-        let want = &p.generated_ids;
+        let want = p.compared_ids();
         let ids = loaded
             .model
-            .generate(&prompt, want.len(), &mut Sampler::greedy(), &[])
+            .generate(&prompt, COMPARED_TOKENS, &mut Sampler::greedy(), &[])
             .unwrap();
         let first_difference = ids.iter().zip(want).position(|(a, b)| a != b);
         let note = match first_difference {

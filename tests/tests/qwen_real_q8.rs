@@ -134,7 +134,7 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
             .generate(&prompt, NEW_TOKENS, &mut Sampler::greedy(), &[])
             .unwrap();
         assert_eq!((q8_ids.len(), f32_ids.len()), (NEW_TOKENS, NEW_TOKENS));
-        let want = &p.generated_ids;
+        let want = p.compared_ids();
         assert_eq!(
             f32_ids[..want.len()],
             want[..],
