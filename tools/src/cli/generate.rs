@@ -37,6 +37,10 @@ pub struct GenerateArgs {
     /// token. The prompt plus this must fit the model's context length.
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
+    /// Generate all --max-tokens tokens, past end-of-turn tokens too (for timing runs of a
+    /// fixed length).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
@@ -209,7 +213,11 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         &prompt_ids,
         args.max_tokens,
         &mut sampler,
-        tokenizer.eos_ids(),
+        if args.ignore_eos {
+            &[]
+        } else {
+            tokenizer.eos_ids()
+        },
         |id| {
             first_token.get_or_insert_with(|| start.elapsed());
             if !args.json {
