@@ -28,6 +28,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};
 use burn_mapped::blocks::{BlockInput, BlockLayout, BlockWeight, block_linear_input};
 use burn_mapped::gguf::{GgmlType, dequantize_to_vec, scale_offsets};
 use burn_mapped_benches::gemv::read::read_xor;
+use burn_mapped_benches::gemv::setup::Rng;
 use burn_mapped_benches::stats::Stats;
 use clap::Parser;
 use serde::Serialize;
@@ -101,36 +102,18 @@ fn cases(a: &Args) -> Result<Vec<Case>> {
         .collect()
 }
 
-/// splitmix64: the same operands on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
 /// `out` random rows of `ty`, each f16 scale in `[1e-3, 2e-3)`: finite, the size of a
 /// trained model's.
 fn random_blocks(ty: GgmlType, out: usize, inp: usize, rng: &mut Rng) -> Result<Vec<u8>> {
     let layout = BlockLayout::new(ty, inp).map_err(anyhow::Error::msg)?;
     let mut bytes = vec![0u8; out * layout.row_bytes()];
     for word in bytes.chunks_mut(8) {
-        let r = rng.next().to_le_bytes();
+        let r = rng.next_u64().to_le_bytes();
         word.copy_from_slice(&r[..word.len()]);
     }
     for block in bytes.chunks_exact_mut(ty.type_size() as usize) {
         for &at in scale_offsets(ty) {
-            let s = f16::from_f32(1e-3 * (1.5 + 0.5 * rng.unit()));
+            let s = f16::from_f32(1e-3 * (1.0 + rng.unit()));
             block[at..at + 2].copy_from_slice(&s.to_bits().to_le_bytes());
         }
     }
@@ -245,7 +228,7 @@ fn run_case(a: &Args, case: &Case, device: &Device, rng: &mut Rng) -> Result<Cas
     let mut inputs = Vec::new();
     let mut check_rel_err = 0f64;
     for &t in &a.t_sweep {
-        let x: Vec<f32> = (0..t * case.inp).map(|_| rng.unit()).collect();
+        let x: Vec<f32> = (0..t * case.inp).map(|_| rng.signed()).collect();
         let input = BlockInput::new(Tensor::<2>::from_data(
             TensorData::new(x.clone(), [t, case.inp]),
             device,

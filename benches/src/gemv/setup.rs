@@ -53,8 +53,13 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    fn unit(&mut self) -> f32 {
+    pub fn unit(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn signed(&mut self) -> f32 {
+        self.unit() * 2.0 - 1.0
     }
 }
 
