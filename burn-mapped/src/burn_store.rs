@@ -1,5 +1,6 @@
 //! [`ModuleStore`] for [`MappedStore`], so `module.load_from(&mut store)` adopts a store
-//! through burn-store's own applier, and `module.save_into(&mut writer)` writes one.
+//! through burn-store's own applier ([`MappedStore::load_except`]: all but some tensors), and
+//! `module.save_into(&mut writer)` writes one.
 
 use std::collections::BTreeMap;
 
@@ -20,9 +21,52 @@ impl ModuleStore for MappedStore {
     }
 
     fn apply_to<M: ModuleSnapshot>(&mut self, module: &mut M) -> Result<ApplyResult, Self::Error> {
+        self.load_except(module, &[])
+    }
+
+    fn get_tensor(&mut self, name: &str) -> Result<Option<&PackTensor>, Self::Error> {
+        Ok(self.pack_tensors().get(name))
+    }
+
+    fn get_all_tensors(&mut self) -> Result<&BTreeMap<String, PackTensor>, Self::Error> {
+        Ok(self.pack_tensors())
+    }
+
+    fn keys(&mut self) -> Result<Vec<String>, Self::Error> {
+        Ok(self
+            .manifest()
+            .tensors()
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect())
+    }
+}
+
+impl MappedStore {
+    /// `module.load_from(store)` without the tensors named in `left_out`: they are neither
+    /// checked nor applied, and the module's parameters at those paths stay as they were (a
+    /// lazy one stays unallocated). For a caller that loads those tensors its own way, such
+    /// as a vocabulary matrix in row blocks ([`tensor_rows`](Self::tensor_rows)) on a device
+    /// that cannot bind it whole.
+    ///
+    /// # Errors
+    ///
+    /// As `load_from`: a dtype the device cannot hold, shape or dtype mismatches, module
+    /// parameters missing from the store (other than `left_out`), or stored tensors no
+    /// parameter takes.
+    pub fn load_except<M: ModuleSnapshot>(
+        &mut self,
+        module: &mut M,
+        left_out: &[&str],
+    ) -> Result<ApplyResult, StoreError> {
         let dir = self.dir().to_path_buf();
-        crate::device::prepare(&dir, self.manifest(), &module.devices())?;
-        let tensors: Vec<PackTensor> = self.pack_tensors().values().cloned().collect();
+        crate::device::prepare(&dir, self.manifest(), &module.devices(), left_out)?;
+        let tensors: Vec<PackTensor> = self
+            .pack_tensors()
+            .iter()
+            .filter(|(name, _)| !left_out.contains(&name.as_str()))
+            .map(|(_, tensor)| tensor.clone())
+            .collect();
         let result = module.apply(tensors, None, None, false);
         if let Some(error) = result.errors.first() {
             return Err(match error {
@@ -49,11 +93,17 @@ impl ModuleStore for MappedStore {
                 other => StoreError::Record(other.to_string()),
             });
         }
-        if !result.missing.is_empty() {
+        let missing: Vec<String> = result
+            .missing
+            .iter()
+            .map(|(p, _)| p.clone())
+            .filter(|p| !left_out.contains(&p.as_str()))
+            .collect();
+        if !missing.is_empty() {
             return Err(StoreError::Unmatched {
                 dir,
                 what: "module parameters missing from the store",
-                tensors: result.missing.iter().map(|(p, _)| p.clone()).collect(),
+                tensors: missing,
             });
         }
         if !result.unused.is_empty() {
@@ -64,22 +114,5 @@ impl ModuleStore for MappedStore {
             });
         }
         Ok(result)
-    }
-
-    fn get_tensor(&mut self, name: &str) -> Result<Option<&PackTensor>, Self::Error> {
-        Ok(self.pack_tensors().get(name))
-    }
-
-    fn get_all_tensors(&mut self) -> Result<&BTreeMap<String, PackTensor>, Self::Error> {
-        Ok(self.pack_tensors())
-    }
-
-    fn keys(&mut self) -> Result<Vec<String>, Self::Error> {
-        Ok(self
-            .manifest()
-            .tensors()
-            .iter()
-            .map(|t| t.name().to_string())
-            .collect())
     }
 }

@@ -280,6 +280,20 @@ pub enum StoreError {
         /// Dtype in the store.
         found: String,
     },
+    /// Rows asked of a tensor that it does not have (or of a tensor without rows).
+    #[error("tensor `{tensor}` of store {}: rows {start}..{end} asked, it has {rows}", dir.display())]
+    RowsOutOfRange {
+        /// Tensor.
+        tensor: String,
+        /// Store directory.
+        dir: PathBuf,
+        /// First row asked.
+        start: usize,
+        /// One past the last row asked.
+        end: usize,
+        /// Rows the tensor has (its first dimension; 0 for a scalar).
+        rows: usize,
+    },
     /// Module parameters absent from the store, or stored tensors no parameter took.
     #[error("store {}: {what}: {}", dir.display(), tensors.join(", "))]
     Unmatched {

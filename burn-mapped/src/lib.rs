@@ -99,7 +99,7 @@ mod store;
 pub mod untrusted;
 mod writer;
 
-pub use device::placement_on;
+pub use device::{max_binding, placement_on};
 pub use dtype::{dtype_name, parse_dtype};
 pub use error::{ExpectedLen, StoreError};
 pub use fault::SIGBUS_EXIT_CODE;

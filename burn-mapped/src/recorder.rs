@@ -174,7 +174,7 @@ impl MappedRecorder {
         let dir = dir.as_ref();
         // One generation for both the check and the record.
         let (image, manifest) = image::build(dir)?;
-        crate::device::prepare(dir, &manifest, &module.devices())?;
+        crate::device::prepare(dir, &manifest, &module.devices(), &[])?;
         module
             .try_load_record(self.record_of(image)?)
             .map_err(|e| StoreError::Record(e.to_string()))

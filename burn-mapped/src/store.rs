@@ -1,6 +1,7 @@
 //! [`MappedStore`]: an open store whose tensor files are all mapped, ready to adopt.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -170,6 +171,41 @@ impl MappedStore {
         Ok(self.data_at(i))
     }
 
+    /// Rows `rows` of a tensor (its first dimension), as [`tensor_data`](Self::tensor_data)
+    /// gives the whole: the mapped pages of just those rows, no copy (an owned copy of them
+    /// for a store opened resident). For devices that bind a buffer only up to some size
+    /// ([`max_binding`](crate::max_binding)), a large matrix loads as blocks of rows.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::TensorNotFound`], or [`StoreError::RowsOutOfRange`] when the range is
+    /// empty, reversed or past the tensor's rows.
+    pub fn tensor_rows(&self, name: &str, rows: Range<usize>) -> Result<TensorData, StoreError> {
+        let i = self.index(name)?;
+        let entry = &self.manifest.tensors()[i];
+        let shape = entry.shape();
+        let total = shape.first().copied().unwrap_or(0);
+        if rows.start >= rows.end || rows.end > total {
+            return Err(StoreError::RowsOutOfRange {
+                tensor: name.to_string(),
+                dir: self.dir.clone(),
+                start: rows.start,
+                end: rows.end,
+                rows: total,
+            });
+        }
+        // The manifest checked `len` against the shape and dtype, so rows divide it evenly.
+        let row_bytes = (entry.len() / total as u64) as usize;
+        let bytes = rows.start * row_bytes..rows.end * row_bytes;
+        let mut block_shape = shape.to_vec();
+        block_shape[0] = rows.len();
+        Ok(TensorData::from_bytes(
+            self.burn_bytes_range(&self.files[i], bytes),
+            block_shape,
+            entry.dtype(),
+        ))
+    }
+
     fn data_at(&self, i: usize) -> TensorData {
         let entry = &self.manifest.tensors()[i];
         TensorData::from_bytes(
@@ -180,10 +216,15 @@ impl MappedStore {
     }
 
     pub(crate) fn burn_bytes(&self, file: &Arc<MappedFile>) -> burn::tensor::Bytes {
+        self.burn_bytes_range(file, 0..file.bytes().len())
+    }
+
+    /// [`burn_bytes`](Self::burn_bytes) of `range` of the file's bytes.
+    fn burn_bytes_range(&self, file: &Arc<MappedFile>, range: Range<usize>) -> burn::tensor::Bytes {
         if self.placement.copies_at_load() {
-            return shared_owned_copy(file.bytes());
+            return shared_owned_copy(&file.bytes()[range]);
         }
-        let shared = bytes::Bytes::from_owner(MapOwner(Arc::clone(file)));
+        let shared = bytes::Bytes::from_owner(MapOwner(Arc::clone(file))).slice(range);
         MappedController::new(shared, file.name_arc(), self.strict).into_burn_bytes()
     }
 

@@ -162,3 +162,69 @@ fn large_tensors_sit_on_huge_page_boundaries_of_the_image() {
     }
     drop(record);
 }
+
+#[test]
+fn tensor_rows_are_the_mapped_rows_and_out_of_range_rows_are_a_typed_error() {
+    let (_tmp, dir, original) = recorded_net();
+    let store = MappedStore::open(&dir).unwrap();
+    let name = "embed.weight";
+    let whole = original.embed.weight.val().into_data();
+    let whole = whole.as_slice::<f32>().unwrap();
+    let mapping = store.mapped(name).unwrap().address_range();
+    for rows in [0..1, 7..23, 13..VOCAB, 0..VOCAB] {
+        let data = store.tensor_rows(name, rows.clone()).unwrap();
+        assert_eq!(data.shape().to_vec(), [rows.len(), HIDDEN]);
+        assert_eq!(
+            data.as_slice::<f32>().unwrap(),
+            &whole[rows.start * HIDDEN..rows.end * HIDDEN],
+            "{rows:?}"
+        );
+        let ptr = data.as_bytes().as_ptr() as usize;
+        assert_eq!(
+            ptr,
+            mapping.start + rows.start * HIDDEN * 4,
+            "{rows:?}: not in place"
+        );
+    }
+    // Empty, reversed, one row past the end, starting at the end.
+    #[allow(clippy::reversed_empty_ranges)]
+    let bad = [3..3, 5..2, 0..VOCAB + 1, VOCAB..VOCAB + 1];
+    for rows in bad {
+        assert!(
+            matches!(
+                store.tensor_rows(name, rows.clone()),
+                Err(burn_mapped::StoreError::RowsOutOfRange { rows: VOCAB, .. })
+            ),
+            "{rows:?}"
+        );
+    }
+    assert!(matches!(
+        store.tensor_rows("no.such", 0..1),
+        Err(burn_mapped::StoreError::TensorNotFound { .. })
+    ));
+}
+
+#[test]
+fn load_except_leaves_the_named_parameters_as_they_were() {
+    let (_tmp, dir, original) = recorded_net();
+    let mut loaded = Net::init(&Device::flex());
+    let mut store = MappedStore::open(&dir).unwrap();
+    let result = store
+        .load_except(&mut loaded, &["embed.weight", "col.bias"])
+        .unwrap();
+    assert_eq!(result.applied.len(), 4);
+    assert!(
+        !loaded.embed.weight.is_initialized(),
+        "left out, still lazy"
+    );
+    let bias = loaded.col.bias.as_ref().expect("col has a bias");
+    assert!(!bias.is_initialized(), "left out, still lazy");
+    assert_eq!(
+        loaded.row.weight.val().into_data().as_bytes(),
+        original.row.weight.val().into_data().as_bytes()
+    );
+    // Without the exception the same module loads whole, and nothing is reported missing.
+    let mut whole = Net::init(&Device::flex());
+    assert_eq!(store.load_except(&mut whole, &[]).unwrap().applied.len(), 6);
+    assert_adopted(&whole, &dir);
+}

@@ -4,6 +4,7 @@ use burn::tensor::{DType, Device, Int, Tensor};
 
 use super::error::Q8Error;
 use super::tuning::{CubeLaunch, Tuning};
+use crate::device::is_cube;
 
 /// A q8 matrix on a device: int8 values `[out, in]` (dtype I8) and one f16 scale per output
 /// row (`[out]`, dtype F16).
@@ -56,7 +57,7 @@ impl Q8Weight {
                 expected: format!("{:?}", values.device()),
             });
         }
-        if on_cube(&values.device()) && !inp.is_multiple_of(4) {
+        if is_cube(&values.device()) && !inp.is_multiple_of(4) {
             return Err(Q8Error::GpuPacking { out, inp });
         }
         Ok(Self {
@@ -125,19 +126,6 @@ impl Q8Weight {
     /// Splits into the two tensors.
     pub fn into_parts(self) -> (Tensor<2, Int>, Tensor<1>) {
         (self.values, self.scales)
-    }
-}
-
-/// Whether `device` runs on the CubeCL backend (where the word-packing rule applies).
-fn on_cube(device: &Device) -> bool {
-    #[cfg(feature = "wgpu")]
-    {
-        matches!(device.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
-    }
-    #[cfg(not(feature = "wgpu"))]
-    {
-        let _ = device;
-        false
     }
 }
 
