@@ -7,17 +7,19 @@ use std::time::{Duration, Instant};
 use burn::module::{Param, ParamId};
 use burn::nn::Linear;
 use burn::store::ModuleSnapshot;
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use burn_mapped::gguf::{
     GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
 };
-use burn_mapped::q8::is_projection_weight;
+use burn_mapped::q8::{is_projection_weight, scale_name};
 use burn_mapped::{
     Existing, MANIFEST_FILE, MappedStore, OpenOptions, Placement, Stager, StoreError, is_flex,
+    max_binding,
 };
 
 use burn_mapped_models::qwen2::{
-    ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, config_from_manifest, hf_name,
+    ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, VocabBlocks, VocabBlocksError,
+    config_from_manifest, hf_name,
 };
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError};
 
@@ -53,6 +55,9 @@ pub enum QwenError {
     /// A store without a recorded source GGUF (needed for the tokenizer).
     #[error("store {} does not record its source GGUF (metadata `{SOURCE_KEY}`)", .0.display())]
     NoSource(PathBuf),
+    /// The vocabulary's row blocks do not fit the model.
+    #[error("vocabulary row blocks: {0}")]
+    VocabBlocks(#[from] VocabBlocksError),
 }
 
 impl From<GgufError> for QwenError {
@@ -402,7 +407,18 @@ pub fn load_placed_with(
     let mut store = options.placement(store_placement).open(store_dir)?;
     let config = config(&store)?;
     let mut model = config.try_init_for_store(device, store.manifest())?;
-    model.load_from(&mut store)?;
+    match vocab_block_rows(&store, device, &model) {
+        None => {
+            model.load_from(&mut store)?;
+        }
+        Some(rows) => {
+            let names = vocab_tensors(&model);
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            store.load_except(&mut model, &names)?;
+            let blocks = vocab_blocks(&store, device, &model, rows)?;
+            model = model.with_vocab_blocks(blocks).map_err(QwenError::from)?;
+        }
+    }
     let stager = (placement == Placement::PerUseCopy).then(|| Stager::new(device.clone()));
     if let Some(stager) = &stager {
         stage_every_projection(&mut model, &store, stager)?;
@@ -421,6 +437,97 @@ pub fn load_placed_with(
         placement,
         stager,
     })
+}
+
+/// The store tensors of the vocabulary matrices: the embedding, and a separate LM head with
+/// its q8 scales where it has them.
+fn vocab_tensors(model: &Qwen2ForCausalLM) -> Vec<String> {
+    let mut names = vec![EMBED_TOKENS.to_string()];
+    if let Some(head) = &model.lm_head {
+        names.push(LM_HEAD.to_string());
+        if head.is_q8() {
+            names.push(scale_name(LM_HEAD));
+        }
+    }
+    names
+}
+
+/// Rows per block when a vocabulary matrix of the store exceeds the largest buffer `device`
+/// binds ([`burn_mapped::max_binding`]; Mesa's lavapipe: 128 MiB, against the 0.5B model's
+/// 545 MB f32 embedding): as many rows as the widest of them fits in one binding. `None`
+/// when every one binds whole, or the device sets no limit.
+fn vocab_block_rows(
+    store: &MappedStore,
+    device: &Device,
+    model: &Qwen2ForCausalLM,
+) -> Option<usize> {
+    let limit = max_binding(device)?;
+    let entries: Vec<_> = vocab_tensors(model)
+        .iter()
+        .filter_map(|name| store.manifest().get(name))
+        .collect();
+    if entries.iter().all(|e| e.len() <= limit) {
+        return None;
+    }
+    let widest = entries
+        .iter()
+        .map(|e| e.len() / e.shape().first().copied().unwrap_or(1).max(1) as u64)
+        .max()?;
+    Some((limit / widest.max(1)).max(1) as usize)
+}
+
+/// The vocabulary matrices of `store` as blocks of `rows` rows on `device`, each its own
+/// tensor (and, for a separate head, its own projection).
+fn vocab_blocks(
+    store: &MappedStore,
+    device: &Device,
+    model: &Qwen2ForCausalLM,
+    rows: usize,
+) -> Result<VocabBlocks, QwenError> {
+    let vocab = model.vocab_size();
+    let ranges: Vec<_> = (0..vocab)
+        .step_by(rows)
+        .map(|start| start..(start + rows).min(vocab))
+        .collect();
+    let float_blocks = |name: &str| -> Result<Vec<Tensor<2>>, QwenError> {
+        ranges
+            .iter()
+            .map(|r| {
+                let data = store.tensor_rows(name, r.clone())?;
+                let dtype = data.dtype();
+                Ok(Tensor::from_data(data, (device, dtype)))
+            })
+            .collect()
+    };
+    let embed = float_blocks(EMBED_TOKENS)?;
+    let head = match &model.lm_head {
+        None => None,
+        Some(head) if head.is_q8() => {
+            let scales = scale_name(LM_HEAD);
+            let blocks = ranges
+                .iter()
+                .map(|r| -> Result<Projection, QwenError> {
+                    let values = Tensor::<2, Int>::from_data(
+                        store.tensor_rows(LM_HEAD, r.clone())?,
+                        (device, DType::I8),
+                    );
+                    let scales = Tensor::<1>::from_data(
+                        store.tensor_rows(&scales, r.clone())?,
+                        (device, DType::F16),
+                    );
+                    Ok(Projection::from_q8(values, scales))
+                })
+                .collect::<Result<_, _>>()?;
+            Some(blocks)
+        }
+        Some(_) => Some(
+            float_blocks(LM_HEAD)?
+                .into_iter()
+                .map(Projection::from_weight)
+                .collect(),
+        ),
+    };
+    Ok(VocabBlocks { embed, head })
 }
 
 /// Errors of [`load_placed`].
@@ -486,3 +593,4 @@ fn stage_every_projection(
 }
 
 const EMBED_TOKENS: &str = "model.embed_tokens.weight";
+const LM_HEAD: &str = "lm_head.weight";

@@ -1,0 +1,105 @@
+//! `burn-mapped generate --device wgpu --dtype q8` on the real checkpoint, where Burn's wgpu
+//! backend compiles to WGSL: no 8-bit type (the q8 kernels read the int8 weights as 32-bit
+//! words) and, on Mesa's lavapipe, bindings of at most 128 MiB (the 545 MB f32 embedding and
+//! the 136 MB int8 LM head load as row blocks). The first greedy tokens of a reference prompt
+//! equal the float64 reference's.
+//!
+//! Needs this crate's `wgpu` feature, a wgpu adapter and the checkpoint: without the adapter
+//! or the checkpoint it says so and passes, unless `BURN_MAPPED_REQUIRE_GPU=1` or
+//! `BURN_MAPPED_REQUIRE_REAL=1` (both set by CI, which installs lavapipe).
+#![cfg(feature = "wgpu")]
+
+use std::process::Command;
+
+use burn::tensor::{Device, DeviceType};
+use burn_mapped_tests::real::real_reference;
+
+/// Decoded tokens: lavapipe runs this model at well under a token per second.
+const TOKENS: usize = 3;
+
+/// Whether a wgpu adapter exists; `None` (skip) when not and a GPU is not required.
+fn adapter() -> Option<Device> {
+    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    match Device::enumerate(DeviceType::Wgpu)
+        .into_vec()
+        .into_iter()
+        .next()
+    {
+        Some(device) => Some(device),
+        None if required => panic!("BURN_MAPPED_REQUIRE_GPU=1 but no wgpu adapter"),
+        None => {
+            eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
+            None
+        }
+    }
+}
+
+#[test]
+fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
+    let Some(gguf) = burn_mapped_tests::real_gguf() else {
+        return;
+    };
+    let Some(device) = adapter() else { return };
+    let reference = real_reference();
+    // The shortest prompt: lavapipe's prefill is slow too.
+    let prompt = reference
+        .iter()
+        .min_by_key(|p| p.prompt_ids.len())
+        .expect("the reference has prompts");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_burn-mapped"));
+    command
+        .args(["generate", "--model"])
+        .arg(&gguf)
+        .args([
+            "--dtype",
+            "q8",
+            "--device",
+            "wgpu",
+            "--placement",
+            "resident",
+        ])
+        .args([
+            "--max-tokens",
+            &TOKENS.to_string(),
+            "--ignore-eos",
+            "--json",
+        ])
+        .arg("--prompt");
+    match &prompt.user_message {
+        Some(message) => command.arg(message).arg("--chat"),
+        None => command.arg(&prompt.text),
+    };
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "generate failed:\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("generate --json printed no JSON ({e}):\n{stderr}"));
+    let ids = |key: &str| -> Vec<u32> {
+        summary[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no `{key}` in {summary}"))
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    assert_eq!(
+        ids("prompt_ids"),
+        prompt.prompt_ids,
+        "the reference's prompt"
+    );
+    assert_eq!(
+        ids("generated_ids"),
+        prompt.generated_ids[..TOKENS],
+        "greedy tokens on {} ({:?})",
+        summary["device"],
+        device.identity().map(|id| id.name),
+    );
+    eprintln!(
+        "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens equal the reference's; \
+         model-ready {} ms, decode {} tok/s",
+        device.identity().map(|id| id.name),
+        burn_mapped::max_binding(&device),
+        summary["model_ready_ms"],
+        summary["decode_tokens_per_s"],
+    );
+}
