@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use burn::module::{Param, ParamId};
 use burn::nn::Linear;
 use burn::store::ModuleSnapshot;
-use burn::tensor::{DType, Device, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped::gguf::{
     GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
 };
@@ -285,8 +285,8 @@ pub fn load(paths: &ModelPaths, device: &Device, strict: bool) -> Result<LoadedQ
     let start = Instant::now();
     let mut store = open_options(strict).open(&paths.store)?;
     let config = config_from_store(&store)?;
-    let mut model = config.try_init_for_store(device, store.manifest())?;
-    model.load_from(&mut store)?;
+    let model = config.try_init_for_store(device, store.manifest())?;
+    let model = load_weights(model, &mut store, device)?;
     Ok(LoadedQwen {
         model,
         store,
@@ -406,19 +406,8 @@ pub fn load_placed_with(
     let store_placement = if flex { placement } else { Placement::Map };
     let mut store = options.placement(store_placement).open(store_dir)?;
     let config = config(&store)?;
-    let mut model = config.try_init_for_store(device, store.manifest())?;
-    match vocab_block_rows(&store, device, &model) {
-        None => {
-            model.load_from(&mut store)?;
-        }
-        Some(rows) => {
-            let names = vocab_tensors(&model);
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            store.load_except(&mut model, &names)?;
-            let blocks = vocab_blocks(&store, device, &model, rows)?;
-            model = model.with_vocab_blocks(blocks).map_err(QwenError::from)?;
-        }
-    }
+    let model = config.try_init_for_store(device, store.manifest())?;
+    let mut model = load_weights(model, &mut store, device)?;
     let stager = (placement == Placement::PerUseCopy).then(|| Stager::new(device.clone()));
     if let Some(stager) = &stager {
         stage_every_projection(&mut model, &store, stager)?;
@@ -437,6 +426,25 @@ pub fn load_placed_with(
         placement,
         stager,
     })
+}
+
+/// `model`'s weights from `store`: all of them as module parameters, or, where a vocabulary
+/// matrix exceeds the largest buffer `device` binds, the others as parameters and the
+/// vocabulary matrices as row blocks ([`Qwen2ForCausalLM::with_vocab_blocks`]).
+fn load_weights(
+    mut model: Qwen2ForCausalLM,
+    store: &mut MappedStore,
+    device: &Device,
+) -> Result<Qwen2ForCausalLM, QwenError> {
+    let Some(rows) = vocab_block_rows(store, device, &model) else {
+        model.load_from(store)?;
+        return Ok(model);
+    };
+    let names = vocab_tensors(&model);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    store.load_except(&mut model, &names)?;
+    let blocks = vocab_blocks(store, device, &model, rows)?;
+    Ok(model.with_vocab_blocks(blocks)?)
 }
 
 /// The store tensors of the vocabulary matrices: the embedding, and a separate LM head with
@@ -489,41 +497,40 @@ fn vocab_blocks(
         .step_by(rows)
         .map(|start| start..(start + rows).min(vocab))
         .collect();
-    let float_blocks = |name: &str| -> Result<Vec<Tensor<2>>, QwenError> {
+    // Each block keeps the stored dtype (int8 values and f16 scales for a q8 head).
+    let blocks_of = |name: &str| -> Result<Vec<TensorData>, QwenError> {
         ranges
             .iter()
-            .map(|r| {
-                let data = store.tensor_rows(name, r.clone())?;
-                let dtype = data.dtype();
-                Ok(Tensor::from_data(data, (device, dtype)))
-            })
+            .map(|r| Ok(store.tensor_rows(name, r.clone())?))
             .collect()
     };
-    let embed = float_blocks(EMBED_TOKENS)?;
+    let float = |data: TensorData| {
+        let dtype = data.dtype();
+        Tensor::<2>::from_data(data, (device, dtype))
+    };
+    let embed = blocks_of(EMBED_TOKENS)?.into_iter().map(float).collect();
     let head = match &model.lm_head {
         None => None,
         Some(head) if head.is_q8() => {
-            let scales = scale_name(LM_HEAD);
-            let blocks = ranges
-                .iter()
-                .map(|r| -> Result<Projection, QwenError> {
-                    let values = Tensor::<2, Int>::from_data(
-                        store.tensor_rows(LM_HEAD, r.clone())?,
-                        (device, DType::I8),
-                    );
-                    let scales = Tensor::<1>::from_data(
-                        store.tensor_rows(&scales, r.clone())?,
-                        (device, DType::F16),
-                    );
-                    Ok(Projection::from_q8(values, scales))
+            let values = blocks_of(LM_HEAD)?;
+            let scales = blocks_of(&scale_name(LM_HEAD))?;
+            let projections = values
+                .into_iter()
+                .zip(scales)
+                .map(|(values, scales)| {
+                    let (vt, st) = (values.dtype(), scales.dtype());
+                    Projection::from_q8(
+                        Tensor::<2, Int>::from_data(values, (device, vt)),
+                        Tensor::<1>::from_data(scales, (device, st)),
+                    )
                 })
-                .collect::<Result<_, _>>()?;
-            Some(blocks)
+                .collect();
+            Some(projections)
         }
         Some(_) => Some(
-            float_blocks(LM_HEAD)?
+            blocks_of(LM_HEAD)?
                 .into_iter()
-                .map(Projection::from_weight)
+                .map(|data| Projection::from_weight(float(data)))
                 .collect(),
         ),
     };
