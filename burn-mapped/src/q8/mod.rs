@@ -55,6 +55,9 @@ mod store;
 mod tuning;
 mod weight;
 
+/// The q8 product on buffers a caller owns, for decode steps recorded as one graph.
+#[cfg(feature = "wgpu")]
+pub use cube::direct;
 pub use error::Q8Error;
 pub use input::{Q8Input, q8_linear_input};
 pub use ops::q8_linear;

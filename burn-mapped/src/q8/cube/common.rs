@@ -7,6 +7,7 @@ use burn::tensor::DType;
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
+use cubecl::server::Handle;
 
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
 #[cube]
@@ -144,27 +145,41 @@ pub(super) fn scales_and_bias(
     bias: Option<&CubeTensor>,
     out: usize,
 ) -> (BufferArg, BufferArg) {
-    assert!(
-        scales.dtype == DType::F16 && scales.meta.shape().num_elements() == out,
-        "q8: scales must be F16 [{out}]"
-    );
     if let Some(b) = bias {
         assert!(
             b.dtype == DType::F32 && b.meta.shape().num_elements() == out,
             "q8: bias must be f32 [{out}]"
         );
     }
+    // SAFETY: the bias was checked above to hold `out` f32.
+    unsafe { scales_and_bias_buffers(scales, bias.map(|b| &b.handle), out) }
+}
+
+/// [`scales_and_bias`] with the bias as a bare buffer.
+///
+/// # Safety
+///
+/// `bias`, when given, holds at least `out` f32.
+pub(super) unsafe fn scales_and_bias_buffers(
+    scales: &CubeTensor,
+    bias: Option<&Handle>,
+    out: usize,
+) -> (BufferArg, BufferArg) {
+    assert!(
+        scales.dtype == DType::F16 && scales.meta.shape().num_elements() == out,
+        "q8: scales must be F16 [{out}]"
+    );
     let (bias, bias_len) = match bias {
         Some(b) => (b, out),
-        None => (scales, 1),
+        None => (&scales.handle, 1),
     };
     // SAFETY: checked above: the scales hold `out` f16, `ceil(out / 2)` words (the buffer is
-    // allocated in whole words), the bias `out` f32, and one word of the scales stands in for
-    // a missing bias (`out > 0` where a kernel launches).
+    // allocated in whole words); the caller vouches for a bias of `out` f32, and one word of
+    // the scales stands in for a missing bias (`out > 0` where a kernel launches).
     unsafe {
         (
             BufferArg::from_raw_parts(scales.handle.clone(), out.div_ceil(2)),
-            BufferArg::from_raw_parts(bias.handle.clone(), bias_len),
+            BufferArg::from_raw_parts(bias.clone(), bias_len),
         )
     }
 }

@@ -30,10 +30,11 @@
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::common::{clamped_bases, grid, scales_and_bias, write_rows, zeros};
+use super::common::{clamped_bases, grid, scales_and_bias_buffers, write_rows, zeros};
 // A block is one scale and one 16-byte load of weights; the format is defined in `split`.
 use crate::q8::split::{SPLIT_BLOCK as BLOCK, SPLIT_Q_MAX as DOT_Q_MAX, SPLIT_WORDS};
 use crate::q8::tuning::{DotTuning, MANY_FROM, TILE};
@@ -42,7 +43,7 @@ use crate::q8::tuning::{DotTuning, MANY_FROM, TILE};
 const QUANT_THREADS: usize = 64;
 
 /// Four words: 16 int8 values.
-type Word4 = Vector<i32, Const<4>>;
+pub type Word4 = Vector<i32, Const<4>>;
 
 /// The activation rows one pass of the kernel is compiled for, given `t` rows in all. From
 /// [`MANY_FROM`] to seven rows ([`DotTuning::MANY`]'s) run the eight-row kernel, the rows past
@@ -58,11 +59,8 @@ pub(super) fn fits(inp: usize) -> bool {
     inp.is_multiple_of(BLOCK)
 }
 
-/// Splits each block of [`BLOCK`] activations into its scale `xs[xs_at + b]` and two vectors
-/// of four words, `xq[b]` the high bytes and `xq[blocks + b]` the low bytes of `q`, in the
-/// order of the values: two planes, so the lanes' loads of either are contiguous. `xq` and
-/// `xs` are views of one buffer (the scales after both planes, `xs_at = 8 * blocks`). One
-/// thread per block of every activation row.
+/// Splits each block of [`BLOCK`] activations into its scale and two vectors of four words
+/// ([`split_block`]). One thread per block of every activation row.
 #[cube(launch_unchecked)]
 fn quantize_kernel(
     x: &[Vector<f32, Const<4>>],
@@ -74,51 +72,72 @@ fn quantize_kernel(
     let b = ABSOLUTE_POS;
     if b < blocks {
         let mut v = Array::<Vector<f32, Const<4>>>::new(4usize);
-        let mut m = 0.0f32;
-        let mut finite = true;
         #[unroll]
         for i in 0..4usize {
             v[i] = x[b * 4 + i];
-            #[unroll]
-            for c in 0..4usize {
-                let a = f32::abs(v[i].extract(c));
-                // NaN fails the comparison too.
-                finite = finite && a <= f32::MAX;
-                m = f32::max(m, a);
-            }
         }
-        let mut inv = 0.0f32;
-        if m > 0.0 {
-            inv = DOT_Q_MAX / m;
-        }
-        let mut s = m / DOT_Q_MAX;
-        if !finite {
-            // A quiet NaN spelled as bits: WGSL has no NaN literal.
-            s = f32::reinterpret(0x7FC0_0000u32);
-            inv = 0.0;
-        }
-        let mut hi = Word4::new(0i32);
-        let mut lo = Word4::new(0i32);
-        #[unroll]
-        for i in 0..4usize {
-            let mut hw = 0u32;
-            let mut lw = 0u32;
-            #[unroll]
-            for c in 0..4usize {
-                // `u = q + 32896` lies in [257, 65535]: its high byte is `hi + 128` and its
-                // low byte `lo + 128`, so flipping each byte's top bit leaves the int8 bits.
-                let q = f32::clamp(f32::round(v[i].extract(c) * inv), -DOT_Q_MAX, DOT_Q_MAX);
-                let u = u32::cast_from(q + 32896.0);
-                hw |= ((u >> 8) ^ 0x80u32) << (8 * c as u32);
-                lw |= ((u & 255u32) ^ 0x80u32) << (8 * c as u32);
-            }
-            hi.insert(i, i32::reinterpret(hw));
-            lo.insert(i, i32::reinterpret(lw));
-        }
-        xq[b] = hi;
-        xq[blocks + b] = lo;
-        xs[xs_at + b] = s;
+        split_block(&v, xq, xs, b, blocks, xs_at);
     }
+}
+
+/// Writes block `b` of a split (its [`BLOCK`] values `v`, four vectors of four) as the dp4a
+/// kernel reads it: its scale at `xs[xs_at + b]`, the high bytes of `q` at `xq[b]` and the low
+/// bytes at `xq[blocks + b]`, in the order of the values: two planes, so the lanes' loads of
+/// either are contiguous. `xq` and `xs` are views of one buffer (the scales after both planes,
+/// `xs_at = 8 * blocks`). For kernels that compute a product's input and split it in the same
+/// pass.
+#[cube]
+pub fn split_block(
+    v: &Array<Vector<f32, Const<4>>>,
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    b: usize,
+    blocks: usize,
+    xs_at: usize,
+) {
+    let mut m = 0.0f32;
+    let mut finite = true;
+    #[unroll]
+    for i in 0..4usize {
+        #[unroll]
+        for c in 0..4usize {
+            let a = f32::abs(v[i].extract(c));
+            // NaN fails the comparison too.
+            finite = finite && a <= f32::MAX;
+            m = f32::max(m, a);
+        }
+    }
+    let mut inv = 0.0f32;
+    if m > 0.0 {
+        inv = DOT_Q_MAX / m;
+    }
+    let mut s = m / DOT_Q_MAX;
+    if !finite {
+        // A quiet NaN spelled as bits: WGSL has no NaN literal.
+        s = f32::reinterpret(0x7FC0_0000u32);
+        inv = 0.0;
+    }
+    let mut hi = Word4::new(0i32);
+    let mut lo = Word4::new(0i32);
+    #[unroll]
+    for i in 0..4usize {
+        let mut hw = 0u32;
+        let mut lw = 0u32;
+        #[unroll]
+        for c in 0..4usize {
+            // `u = q + 32896` lies in [257, 65535]: its high byte is `hi + 128` and its
+            // low byte `lo + 128`, so flipping each byte's top bit leaves the int8 bits.
+            let q = f32::clamp(f32::round(v[i].extract(c) * inv), -DOT_Q_MAX, DOT_Q_MAX);
+            let u = u32::cast_from(q + 32896.0);
+            hw |= ((u >> 8) ^ 0x80u32) << (8 * c as u32);
+            lw |= ((u & 255u32) ^ 0x80u32) << (8 * c as u32);
+        }
+        hi.insert(i, i32::reinterpret(hw));
+        lo.insert(i, i32::reinterpret(lw));
+    }
+    xq[b] = hi;
+    xq[blocks + b] = lo;
+    xs[xs_at + b] = s;
 }
 
 /// Adds one stride of `rows` weight blocks (`wv[first..first + rows]`, block `blk` of each
@@ -162,9 +181,11 @@ fn dot_step(
     }
 }
 
-#[cube(launch_unchecked)]
+/// The rows of cube `cube_x` of a product: the kernels below, for one weight or for several
+/// over the same split.
+#[cube]
 #[allow(clippy::too_many_arguments)]
-fn dot_kernel(
+fn dot_rows(
     xq: &[Word4],
     xs: &[f32],
     w: &[Word4],
@@ -174,6 +195,7 @@ fn dot_kernel(
     t_total: usize,
     out: usize,
     nblk: usize,
+    cube_x: usize,
     #[comptime] tile: usize,
     #[comptime] rows: usize,
     #[comptime] lanes: usize,
@@ -183,7 +205,7 @@ fn dot_kernel(
 ) {
     let lane = UNIT_POS_X as usize;
     let group = UNIT_POS_Y as usize;
-    let row0 = (CUBE_POS_X as usize * groups + group) * rows;
+    let row0 = (cube_x * groups + group) * rows;
     let t0 = CUBE_POS_Y as usize * tile;
 
     let mut acc = zeros(rows * tile);
@@ -236,6 +258,142 @@ fn dot_kernel(
     );
 }
 
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn dot_kernel(
+    xq: &[Word4],
+    xs: &[f32],
+    w: &[Word4],
+    scales: &[u32],
+    bias: &[f32],
+    y: &mut [f32],
+    t_total: usize,
+    out: usize,
+    nblk: usize,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] unroll: usize,
+    #[comptime] has_bias: bool,
+) {
+    dot_rows(
+        xq,
+        xs,
+        w,
+        scales,
+        bias,
+        y,
+        t_total,
+        out,
+        nblk,
+        CUBE_POS_X as usize,
+        tile,
+        rows,
+        lanes,
+        groups,
+        unroll,
+        has_bias,
+    );
+}
+
+/// Two products over one split in one launch, `CUBE_POS_Z` picking the weight; a cube past
+/// its weight's rows does nothing.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn dot2_kernel(
+    xq: &[Word4],
+    xs: &[f32],
+    w0: &[Word4],
+    scales0: &[u32],
+    bias0: &[f32],
+    y0: &mut [f32],
+    out0: usize,
+    w1: &[Word4],
+    scales1: &[u32],
+    bias1: &[f32],
+    y1: &mut [f32],
+    out1: usize,
+    t_total: usize,
+    nblk: usize,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] unroll: usize,
+    #[comptime] has_bias: bool,
+) {
+    let cube_x = CUBE_POS_X as usize;
+    let first = cube_x * groups * rows;
+    if CUBE_POS_Z == 0 {
+        if first < out0 {
+            dot_rows(
+                xq, xs, w0, scales0, bias0, y0, t_total, out0, nblk, cube_x, tile, rows, lanes,
+                groups, unroll, has_bias,
+            );
+        }
+    } else if first < out1 {
+        dot_rows(
+            xq, xs, w1, scales1, bias1, y1, t_total, out1, nblk, cube_x, tile, rows, lanes, groups,
+            unroll, has_bias,
+        );
+    }
+}
+
+/// Three products over one split in one launch (as [`dot2_kernel`]).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn dot3_kernel(
+    xq: &[Word4],
+    xs: &[f32],
+    w0: &[Word4],
+    scales0: &[u32],
+    bias0: &[f32],
+    y0: &mut [f32],
+    out0: usize,
+    w1: &[Word4],
+    scales1: &[u32],
+    bias1: &[f32],
+    y1: &mut [f32],
+    out1: usize,
+    w2: &[Word4],
+    scales2: &[u32],
+    bias2: &[f32],
+    y2: &mut [f32],
+    out2: usize,
+    t_total: usize,
+    nblk: usize,
+    #[comptime] tile: usize,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] unroll: usize,
+    #[comptime] has_bias: bool,
+) {
+    let cube_x = CUBE_POS_X as usize;
+    let first = cube_x * groups * rows;
+    if CUBE_POS_Z == 0 {
+        if first < out0 {
+            dot_rows(
+                xq, xs, w0, scales0, bias0, y0, t_total, out0, nblk, cube_x, tile, rows, lanes,
+                groups, unroll, has_bias,
+            );
+        }
+    } else if CUBE_POS_Z == 1 {
+        if first < out1 {
+            dot_rows(
+                xq, xs, w1, scales1, bias1, y1, t_total, out1, nblk, cube_x, tile, rows, lanes,
+                groups, unroll, has_bias,
+            );
+        }
+    } else if first < out2 {
+        dot_rows(
+            xq, xs, w2, scales2, bias2, y2, t_total, out2, nblk, cube_x, tile, rows, lanes, groups,
+            unroll, has_bias,
+        );
+    }
+}
+
 /// The split activations of `x` (`[t, inp]` f32, contiguous, `inp % 16 == 0`) on `x`'s
 /// client, as one U32 tensor `[t, 9 * inp / 16]` (the format of [`crate::q8::split`]): the high plane,
 /// the low plane (`t * inp / 16` vectors of four words each), then the scales. The shape only
@@ -283,28 +441,72 @@ pub(super) fn run_split(
     tuning: DotTuning,
 ) {
     let t = split.meta.shape().dims::<2>()[0];
+    let out = values.meta.shape().dims::<2>()[0];
+    if let Some(b) = bias {
+        assert!(
+            b.dtype == DType::F32 && b.meta.shape().num_elements() == out,
+            "q8: bias must be f32 [{out}]"
+        );
+    }
+    let bias = bias.map(|b| &b.handle);
+    // SAFETY: the caller checked the split against the weight and sized `y` `[t, out]`; the
+    // bias was checked above.
+    unsafe {
+        launch(
+            &split.client,
+            &split.handle,
+            t,
+            values,
+            scales,
+            bias,
+            y,
+            tuning,
+        )
+    }
+}
+
+/// Launches the dp4a kernel on `client` over a split of `t` rows in `split`, the weight's
+/// values, its scales (F16 `[out]`) and an optional bias, into `y`.
+///
+/// # Safety
+///
+/// `split` holds a split of `t` rows of the weight's width (`9 * t * in / 16` words), `values`
+/// is a contiguous I8 `[out, in]` tensor with `in % 16 == 0`, `bias` holds `out` f32, and `y`
+/// holds `t * out` f32.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn launch(
+    client: &Client,
+    split: &Handle,
+    t: usize,
+    values: &CubeTensor,
+    scales: &CubeTensor,
+    bias: Option<&Handle>,
+    y: &Handle,
+    tuning: DotTuning,
+) {
     let [out, inp] = values.meta.shape().dims::<2>();
-    let client = split.client.clone();
+    let has_bias = bias.is_some();
+    // SAFETY: the caller vouches for the bias's length.
+    let (scales, bias) = unsafe { scales_and_bias_buffers(scales, bias, out) };
     let nblk = inp / BLOCK;
     let tile = kernel_tile(t);
     let (count, dim) = grid(out, t, tile, tuning.lanes, tuning.groups, tuning.rows);
-    let (scales, bias_arg) = scales_and_bias(scales, bias, out);
     // SAFETY: lengths are in elements of the bound type: the split `2 * t * nblk` vectors of
     // four words (its planes) and `9 * t * nblk` f32 (the kernel reads the scales from word
     // `8 * t * nblk` on), both read-only views of one buffer as [`split`] wrote it, `values`
     // `out * inp` bytes as `out * nblk` vectors of four words, `y` `t * out` f32 (the scales
-    // and bias: see `scales_and_bias`). The kernel clamps every row and activation row to
-    // these bounds and writes each `y` element at most once.
+    // and bias: see `scales_and_bias`), as the caller vouches. The kernel clamps every row
+    // and activation row to these bounds and writes each `y` element at most once.
     unsafe {
         dot_kernel::launch_unchecked(
-            &client,
+            client,
             count,
             dim,
-            BufferArg::from_raw_parts(split.handle.clone(), 2 * t * nblk),
-            BufferArg::from_raw_parts(split.handle.clone(), SPLIT_WORDS * t * nblk),
+            BufferArg::from_raw_parts(split.clone(), 2 * t * nblk),
+            BufferArg::from_raw_parts(split.clone(), SPLIT_WORDS * t * nblk),
             BufferArg::from_raw_parts(values.handle.clone(), out * nblk),
             scales,
-            bias_arg,
+            bias,
             BufferArg::from_raw_parts(y.clone(), t * out),
             t,
             out,
@@ -314,7 +516,133 @@ pub(super) fn run_split(
             tuning.lanes,
             tuning.groups,
             tuning.unroll,
-            bias.is_some(),
+            has_bias,
         );
+    }
+}
+
+/// One product of [`launch_parts`]: the weight's values and scales, its bias, its output.
+pub(super) struct Part<'a> {
+    pub(super) values: &'a CubeTensor,
+    pub(super) scales: &'a CubeTensor,
+    pub(super) bias: Option<&'a Handle>,
+    pub(super) y: &'a Handle,
+}
+
+/// Launches one to three products over the same split of `t` rows as one dispatch (the weights
+/// side by side along the grid's third axis).
+///
+/// # Safety
+///
+/// As [`launch`], for every part; the parts share the weights' width and whether they have a
+/// bias, and write different buffers.
+pub(super) unsafe fn launch_parts(
+    client: &Client,
+    split: &Handle,
+    t: usize,
+    parts: &[Part<'_>],
+    tuning: DotTuning,
+) {
+    if let [p] = parts {
+        // SAFETY: the caller's contract.
+        unsafe { launch(client, split, t, p.values, p.scales, p.bias, p.y, tuning) };
+        return;
+    }
+    assert!(matches!(parts.len(), 2 | 3), "1 to 3 products per launch");
+    let inp = parts[0].values.meta.shape().dims::<2>()[1];
+    let nblk = inp / BLOCK;
+    let tile = kernel_tile(t);
+    let has_bias = parts[0].bias.is_some();
+    let outs: Vec<usize> = parts
+        .iter()
+        .map(|p| p.values.meta.shape().dims::<2>()[0])
+        .collect();
+    let widest = outs.iter().copied().max().unwrap_or(0);
+    let (count, dim) = grid(widest, t, tile, tuning.lanes, tuning.groups, tuning.rows);
+    let CubeCount::Static(x, y, _) = count else {
+        unreachable!("grid() is static")
+    };
+    let count = CubeCount::Static(x, y, parts.len() as u32);
+    // SAFETY: the caller vouches for each part's lengths (see `launch`); each part's bindings
+    // are built as `launch` builds them.
+    let args: Vec<_> = parts
+        .iter()
+        .zip(&outs)
+        .map(|(p, &out)| {
+            let (scales, bias) = unsafe { scales_and_bias_buffers(p.scales, p.bias, out) };
+            let values = unsafe { BufferArg::from_raw_parts(p.values.handle.clone(), out * nblk) };
+            let y = unsafe { BufferArg::from_raw_parts(p.y.clone(), t * out) };
+            (values, scales, bias, y, out)
+        })
+        .collect();
+    let mut args = args.into_iter();
+    let (xq, xs) = unsafe {
+        (
+            BufferArg::from_raw_parts(split.clone(), 2 * t * nblk),
+            BufferArg::from_raw_parts(split.clone(), SPLIT_WORDS * t * nblk),
+        )
+    };
+    let (w0, s0, b0, y0, o0) = args.next().expect("two or three parts");
+    let (w1, s1, b1, y1, o1) = args.next().expect("two or three parts");
+    // SAFETY: as above; the kernels clamp every row to its part's `out` and skip cubes past
+    // it.
+    unsafe {
+        match args.next() {
+            None => dot2_kernel::launch_unchecked(
+                client,
+                count,
+                dim,
+                xq,
+                xs,
+                w0,
+                s0,
+                b0,
+                y0,
+                o0,
+                w1,
+                s1,
+                b1,
+                y1,
+                o1,
+                t,
+                nblk,
+                tile,
+                tuning.rows,
+                tuning.lanes,
+                tuning.groups,
+                tuning.unroll,
+                has_bias,
+            ),
+            Some((w2, s2, b2, y2, o2)) => dot3_kernel::launch_unchecked(
+                client,
+                count,
+                dim,
+                xq,
+                xs,
+                w0,
+                s0,
+                b0,
+                y0,
+                o0,
+                w1,
+                s1,
+                b1,
+                y1,
+                o1,
+                w2,
+                s2,
+                b2,
+                y2,
+                o2,
+                t,
+                nblk,
+                tile,
+                tuning.rows,
+                tuning.lanes,
+                tuning.groups,
+                tuning.unroll,
+                has_bias,
+            ),
+        }
     }
 }

@@ -18,6 +18,7 @@
 //! synchronization, on either compiler.
 
 mod common;
+pub mod direct;
 mod dot;
 mod fma;
 
