@@ -185,3 +185,89 @@ fn the_float_init_is_unchanged_without_q8_tensors() {
     assert!(!model.model.layers[1].mlp.up_proj.is_q8());
     assert!(!model.lm_head.unwrap().is_q8());
 }
+
+/// The first working wgpu adapter, or `None` (skip) unless `BURN_MAPPED_REQUIRE_GPU=1`.
+#[cfg(feature = "wgpu")]
+fn wgpu_adapter() -> Option<Device> {
+    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    let found = burn::tensor::Device::enumerate(burn::tensor::DeviceType::Wgpu)
+        .into_vec()
+        .into_iter()
+        .next();
+    if found.is_none() {
+        assert!(!required, "BURN_MAPPED_REQUIRE_GPU=1 but no wgpu adapter");
+        eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
+    }
+    found
+}
+
+/// The device step (its own kernels, each token one recorded graph, the choice made on the
+/// device) against the same q8 model on the host: the logits of the prompt's last position
+/// within the 16-bit activation split's rounding, and the greedy tokens equal, recorded and
+/// launched alike, and through `generate`.
+#[cfg(feature = "wgpu")]
+#[test]
+fn the_device_step_decodes_the_q8_model_as_the_host_does() {
+    use burn_mapped_models::qwen2::{DeviceDecoder, Sampler};
+    let Some(gpu) = wgpu_adapter() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (q8_dir, deq_dir) = (dir.path().join("q8"), dir.path().join("deq"));
+    write_stores("untied", &q8_dir, &deq_dir);
+    let config = Qwen2Config::from_hf_json(fixture("untied").join("config.json")).unwrap();
+    let host = load(&config, &q8_dir, &Device::flex());
+    let device = load(&config, &q8_dir, &gpu);
+
+    let prompt = [3u32, 141, 59, 26, 53, 58, 97];
+    const NEW: usize = 9;
+    let expected = host
+        .generate(&prompt, NEW, &mut Sampler::greedy(), &[])
+        .unwrap();
+    let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+    let mut cache = host.new_cache(1, prompt.len());
+    let want = host
+        .forward_last(tokens(&ids, &Device::flex()), &mut cache)
+        .unwrap()
+        .try_into_vec_as::<f32>()
+        .unwrap();
+
+    let mut first = DeviceDecoder::new(&device, prompt.len() + NEW).expect("takes the q8 model");
+    assert_eq!(
+        first.generate(&prompt, 1, &[], |_| {}).unwrap(),
+        expected[..1]
+    );
+    let err = relative_error(&first.logits().unwrap(), &want);
+    // Activations enter each product as 16-bit integers per block of 16 (~2^-15 of the
+    // block's largest value): a few 1e-5 across the layers; a wrong kernel is off by O(1).
+    assert!(
+        err < 2e-4,
+        "logits at the prompt's end: relative error {err:e}"
+    );
+
+    for record in [true, false] {
+        let decoder = DeviceDecoder::new(&device, prompt.len() + NEW).unwrap();
+        let mut decoder = if record {
+            decoder
+        } else {
+            decoder.without_capture()
+        };
+        let mut seen = Vec::new();
+        let got = decoder
+            .generate(&prompt, NEW, &[], |t| seen.push(t))
+            .unwrap();
+        assert_eq!(got, expected, "recorded: {record}");
+        assert_eq!(seen, expected);
+        // wgpu records graphs: the recorded path is the one under test here.
+        assert_eq!(decoder.is_recorded(), record);
+        // Per layer 8, plus the lookup, the final norm, the head and the choice.
+        assert_eq!(
+            decoder.launches_per_token(),
+            1 + 8 * config.num_hidden_layers + 3
+        );
+    }
+    // `generate` takes the step by default, and stops after a stop token.
+    let stop = expected[3];
+    let got = device
+        .generate(&prompt, NEW, &mut Sampler::greedy(), &[stop])
+        .unwrap();
+    assert_eq!(got, expected[..4]);
+}

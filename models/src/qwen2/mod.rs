@@ -2,6 +2,8 @@
 
 mod cache;
 mod config;
+#[cfg(feature = "wgpu")]
+mod device_step;
 mod gguf_names;
 mod host_step;
 mod model;
@@ -12,6 +14,8 @@ mod vocab;
 
 pub use cache::KvCache;
 pub use config::{ConfigError, Qwen2Config};
+#[cfg(feature = "wgpu")]
+pub use device_step::{DeviceDecoder, DeviceStepError};
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};
 pub use model::{
     Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm, WeightKind,

@@ -39,6 +39,8 @@ pub struct Qwen2Model {
     blocks: Option<VocabBlocks>,
     /// Whether a single sequence on Flex runs through [`host_step`] (on by default).
     host_step: bool,
+    /// Whether greedy generation on a CubeCL device runs as the device step (on by default).
+    device_step: bool,
 }
 
 /// One pre-norm transformer block.
@@ -237,6 +239,7 @@ impl Qwen2Config {
                 rope_theta: self.rope_theta,
                 blocks: None,
                 host_step: true,
+                device_step: true,
             },
             lm_head: (!self.tie_word_embeddings).then(|| {
                 linear(
@@ -286,6 +289,20 @@ impl Qwen2ForCausalLM {
     pub fn with_host_step(mut self, enabled: bool) -> Self {
         self.model.host_step = enabled;
         self
+    }
+
+    /// This model with greedy generation's device step on or off. On (the default), greedy
+    /// [`generate`](Self::generate) of a q8 model on a CubeCL device runs each token as one
+    /// recorded graph of the step's own kernels, with the choice made on the device; off, it
+    /// runs as tensor ops. Both compute the same function.
+    pub fn with_device_step(mut self, enabled: bool) -> Self {
+        self.model.device_step = enabled;
+        self
+    }
+
+    /// Whether greedy generation may take the device step.
+    pub(crate) fn device_step(&self) -> bool {
+        self.model.device_step
     }
 
     /// Logits `[batch, seq, vocab]` for every input position. `tokens` (`[batch, seq]`)

@@ -186,6 +186,9 @@ pub enum GenerateError {
     Sampling(#[from] SamplingError),
     #[error("cannot read logits back from the device: {0}")]
     ReadLogits(String),
+    #[cfg(feature = "wgpu")]
+    #[error(transparent)]
+    Device(#[from] super::DeviceStepError),
 }
 
 impl Qwen2ForCausalLM {
@@ -206,6 +209,13 @@ impl Qwen2ForCausalLM {
         let mut generated = Vec::with_capacity(max_new_tokens);
         if max_new_tokens == 0 {
             return Ok(generated);
+        }
+        #[cfg(feature = "wgpu")]
+        if sampler.rule() == Sampling::Greedy && self.device_step() {
+            let capacity = prompt.len() + max_new_tokens - 1;
+            if let Some(mut decoder) = super::DeviceDecoder::new(self, capacity) {
+                return Ok(decoder.generate(prompt, max_new_tokens, stop_tokens, on_token)?);
+            }
         }
         let device = self.model.embed_tokens.weight.lazy_device();
         // The last chosen token is never fed back, hence `- 1`.
