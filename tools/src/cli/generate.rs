@@ -41,6 +41,14 @@ pub struct GenerateArgs {
     /// fixed length).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Positions the device step's cache holds (default: the prompt plus --max-tokens); at
+    /// most the model's context.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Decode through tensor ops where the device step would run (greedy decoding of a q8
+    /// store on a GPU), for comparisons.
+    #[arg(long)]
+    pub no_device_step: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
@@ -53,7 +61,7 @@ pub struct GenerateArgs {
     /// Store dtype when converting: blocks (the projections and LM head keep the GGUF's
     /// quantized blocks; CPU only), q8 (int8 projections and LM head with a scale per row),
     /// or f32, f16, bf16; norms and embedding are f32 in the quantized stores. The store is
-    /// cached as `stores/<gguf stem>-<dtype>`. Default: blocks on the CPU, f32 elsewhere.
+    /// cached as `stores/<gguf stem>-<dtype>`. Default: blocks on the CPU, q8 elsewhere.
     #[arg(long)]
     pub dtype: Option<String>,
     /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
@@ -98,7 +106,26 @@ struct Summary {
     decode_tokens_per_s: f64,
     rss_anon_bytes: u64,
     rss_file_bytes: u64,
+    /// `device step (recorded)`, `device step (launched)` or `tensor ops`.
+    decode_path: &'static str,
+    /// Kernel launches per token of the device step.
+    launches_per_token: Option<usize>,
+    /// The host's mean time to enqueue one token's step, in microseconds.
+    host_us_per_token: Option<f64>,
 }
+
+/// How the tokens were decoded, for the summary.
+struct DecodePath {
+    name: &'static str,
+    launches_per_token: Option<usize>,
+    host_us_per_token: Option<f64>,
+}
+
+const TENSOR_OPS: DecodePath = DecodePath {
+    name: "tensor ops",
+    launches_per_token: None,
+    host_us_per_token: None,
+};
 
 /// The prompt and the requested tokens do not fit the model's context.
 #[derive(Debug, thiserror::Error)]
@@ -158,12 +185,12 @@ pub fn parse_store_dtype(name: &str) -> anyhow::Result<qwen::StoreDType> {
 }
 
 /// The store a GGUF is converted to when `--dtype` is not given: its own blocks where the
-/// block products run (Flex, the CPU), f32 elsewhere.
+/// block products run (Flex, the CPU), q8 elsewhere (the device step's store).
 pub fn default_store_dtype(device: &burn::tensor::Device) -> qwen::StoreDType {
     if burn_mapped::is_flex(device) {
         qwen::StoreDType::Blocks
     } else {
-        qwen::StoreDType::Float(burn::tensor::DType::F32)
+        qwen::StoreDType::Q8
     }
 }
 
@@ -204,36 +231,62 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let prompt_ids = tokenizer.encode(&prompt)?;
     let context = qwen::config_from_store(&loaded.store)?.max_position_embeddings;
     check_context(prompt_ids.len(), args.max_tokens, context)?;
+    let ctx = args.ctx.unwrap_or(prompt_ids.len() + args.max_tokens);
+    check_context(ctx, 0, context)?;
+    anyhow::ensure!(
+        ctx >= prompt_ids.len() + args.max_tokens.saturating_sub(1),
+        "--ctx {ctx} is smaller than the prompt ({} tokens) plus --max-tokens {}",
+        prompt_ids.len(),
+        args.max_tokens
+    );
     let mut sampler = sampler_for(args.temperature, args.top_p, args.seed)?;
     let mut stream = tokenizer.stream_decoder();
     let mut first_token = None;
     let mut stdout = std::io::stdout().lock();
     let mut stream_error = None;
-    let generated = loaded.model.generate_with(
-        &prompt_ids,
-        args.max_tokens,
-        &mut sampler,
-        if args.ignore_eos {
-            &[]
-        } else {
-            tokenizer.eos_ids()
-        },
-        |id| {
-            first_token.get_or_insert_with(|| start.elapsed());
-            if !args.json {
-                match stream.push(id) {
-                    Ok(Some(piece)) => {
-                        let _ = stdout.write_all(piece.as_bytes());
-                        let _ = stdout.flush();
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        stream_error.get_or_insert(e);
-                    }
+    let stop: &[u32] = if args.ignore_eos {
+        &[]
+    } else {
+        tokenizer.eos_ids()
+    };
+    let on_token = |id| {
+        first_token.get_or_insert_with(|| start.elapsed());
+        if !args.json {
+            match stream.push(id) {
+                Ok(Some(piece)) => {
+                    let _ = stdout.write_all(piece.as_bytes());
+                    let _ = stdout.flush();
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    stream_error.get_or_insert(e);
                 }
             }
-        },
-    )?;
+        }
+    };
+    let mut on_token = on_token;
+    let greedy = sampler.rule() == Sampling::Greedy;
+    let step = DeviceRun {
+        wanted: greedy && !args.no_device_step,
+        ctx,
+        prompt: &prompt_ids,
+        max_tokens: args.max_tokens,
+        stop,
+    };
+    let (generated, path) = match step.run(&loaded.model, &mut on_token)? {
+        Some(done) => done,
+        None => {
+            let model = loaded.model.clone().with_device_step(false);
+            let generated = model.generate_with(
+                &prompt_ids,
+                args.max_tokens,
+                &mut sampler,
+                stop,
+                &mut on_token,
+            )?;
+            (generated, TENSOR_OPS)
+        }
+    };
     if let Some(e) = stream_error {
         return Err(e.into());
     }
@@ -264,6 +317,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         },
         rss_anon_bytes: rss.anon,
         rss_file_bytes: rss.file,
+        decode_path: path.name,
+        launches_per_token: path.launches_per_token,
+        host_us_per_token: path.host_us_per_token,
     };
     drop(stdout);
     if args.json {
@@ -272,9 +328,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let rest = stream.finish();
         println!("{rest}");
         eprintln!(
-            "[{} on {} | model-ready {:.0} ms | first token {:.0} ms | decode {:.2} tok/s over {} tokens | RssAnon {} MiB | RssFile {} MiB]",
+            "[{} on {} | {} | model-ready {:.0} ms | first token {:.0} ms | decode {:.2} tok/s over {} tokens | RssAnon {} MiB | RssFile {} MiB]",
             summary.placement,
             summary.device,
+            summary.decode_path,
             summary.model_ready_ms,
             summary.time_to_first_token_ms,
             summary.decode_tokens_per_s,
@@ -284,4 +341,61 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A greedy generation the device step may take.
+struct DeviceRun<'a> {
+    wanted: bool,
+    ctx: usize,
+    prompt: &'a [u32],
+    max_tokens: usize,
+    stop: &'a [u32],
+}
+
+impl DeviceRun<'_> {
+    /// The tokens through the device step where `model` takes it (a q8 store on a CubeCL
+    /// device), or `None` for the caller to decode through tensor ops.
+    #[cfg(any(feature = "wgpu", feature = "vulkan"))]
+    fn run(
+        &self,
+        model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
+        on_token: impl FnMut(u32),
+    ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
+        use burn_mapped_models::qwen2::DeviceDecoder;
+        let Some(mut decoder) = self
+            .wanted
+            .then(|| DeviceDecoder::new(model, self.ctx))
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let generated = decoder.generate(self.prompt, self.max_tokens, self.stop, on_token)?;
+        let path = DecodePath {
+            name: if decoder.is_recorded() {
+                "device step (recorded)"
+            } else {
+                "device step (launched)"
+            },
+            launches_per_token: Some(decoder.launches_per_token()),
+            host_us_per_token: decoder.host_time_per_token().map(|t| t.as_secs_f64() * 1e6),
+        };
+        Ok(Some((generated, path)))
+    }
+
+    /// Without a GPU backend built in there is no device step.
+    #[cfg(not(any(feature = "wgpu", feature = "vulkan")))]
+    fn run(
+        &self,
+        _model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
+        _on_token: impl FnMut(u32),
+    ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
+        let _ = (
+            self.wanted,
+            self.ctx,
+            self.prompt,
+            self.max_tokens,
+            self.stop,
+        );
+        Ok(None)
+    }
 }
