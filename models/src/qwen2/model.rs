@@ -301,6 +301,7 @@ impl Qwen2ForCausalLM {
     }
 
     /// Whether greedy generation may take the device step.
+    #[cfg(feature = "wgpu")]
     pub(crate) fn device_step(&self) -> bool {
         self.model.device_step
     }
