@@ -56,29 +56,11 @@ fn runtime(device: &Device) -> String {
 
 /// The first working adapter, or `None` (skip) when there is none and a GPU is not required.
 fn gpu() -> Option<Device> {
-    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let found = std::panic::catch_unwind(|| {
-        let device = candidates().first().cloned()?;
-        // Opening the device proves the adapter works, not just that it is listed.
-        let probe = Tensor::<1>::from_floats([1.0, 2.0], &device) * 2.0;
-        let back = probe.into_data().try_to_vec::<f32>().ok()?;
-        (back == [2.0, 4.0]).then_some(device)
-    })
-    .ok()
-    .flatten();
-    match found {
-        Some(device) => {
-            set_poison_outputs(true);
-            let name = device.identity().map(|id| id.name).unwrap_or_default();
-            eprintln!("{API} adapter `{name}`, runtime {}", runtime(&device));
-            Some(device)
-        }
-        None if required => panic!("BURN_MAPPED_REQUIRE_GPU=1 but no working {API} adapter"),
-        None => {
-            eprintln!("no {API} adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
-            None
-        }
-    }
+    let device = burn_mapped_tests::gpu::first_working(candidates(), API)?;
+    set_poison_outputs(true);
+    let name = device.identity().map(|id| id.name).unwrap_or_default();
+    eprintln!("{API} adapter `{name}`, runtime {}", runtime(&device));
+    Some(device)
 }
 
 /// Under the `vulkan` feature the kernels must reach the GPU as SPIR-V: CubeCL quietly

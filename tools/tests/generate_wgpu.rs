@@ -11,35 +11,19 @@
 
 use std::process::Command;
 
-use burn::tensor::{Device, DeviceType};
 use burn_mapped_tests::real::real_reference;
 
 /// Decoded tokens: lavapipe runs this model at well under a token per second.
 const TOKENS: usize = 3;
-
-/// Whether a wgpu adapter exists; `None` (skip) when not and a GPU is not required.
-fn adapter() -> Option<Device> {
-    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    match Device::enumerate(DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next()
-    {
-        Some(device) => Some(device),
-        None if required => panic!("BURN_MAPPED_REQUIRE_GPU=1 but no wgpu adapter"),
-        None => {
-            eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
-            None
-        }
-    }
-}
 
 #[test]
 fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
     let Some(gguf) = burn_mapped_tests::real_gguf() else {
         return;
     };
-    let Some(device) = adapter() else { return };
+    let Some(device) = burn_mapped_tests::gpu::wgpu_device() else {
+        return;
+    };
     let reference = real_reference();
     // The shortest prompt: lavapipe's prefill is slow too.
     let prompt = reference
