@@ -186,21 +186,6 @@ fn the_float_init_is_unchanged_without_q8_tensors() {
     assert!(!model.lm_head.unwrap().is_q8());
 }
 
-/// The first working wgpu adapter, or `None` (skip) unless `BURN_MAPPED_REQUIRE_GPU=1`.
-#[cfg(feature = "wgpu")]
-fn wgpu_adapter() -> Option<Device> {
-    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let found = burn::tensor::Device::enumerate(burn::tensor::DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next();
-    if found.is_none() {
-        assert!(!required, "BURN_MAPPED_REQUIRE_GPU=1 but no wgpu adapter");
-        eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
-    }
-    found
-}
-
 /// The device step (its own kernels, each token one recorded graph, the choice made on the
 /// device) against the same q8 model on the host: the logits of the prompt's last position
 /// within the 16-bit activation split's rounding, and the greedy tokens equal, recorded and
@@ -209,7 +194,9 @@ fn wgpu_adapter() -> Option<Device> {
 #[test]
 fn the_device_step_decodes_the_q8_model_as_the_host_does() {
     use burn_mapped_models::qwen2::{DeviceDecoder, Sampler};
-    let Some(gpu) = wgpu_adapter() else { return };
+    let Some(gpu) = burn_mapped_tests::gpu::wgpu_device() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let (q8_dir, deq_dir) = (dir.path().join("q8"), dir.path().join("deq"));
     write_stores("untied", &q8_dir, &deq_dir);
@@ -230,21 +217,28 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         .try_into_vec_as::<f32>()
         .unwrap();
 
-    let mut first = DeviceDecoder::new(&device, prompt.len() + NEW).expect("takes the q8 model");
-    assert_eq!(
-        first.generate(&prompt, 1, &[], |_| {}).unwrap(),
-        expected[..1]
-    );
-    let err = relative_error(&first.logits().unwrap(), &want);
-    // Activations enter each product as 16-bit integers per block of 16 (~2^-15 of the
-    // block's largest value): a few 1e-5 across the layers; a wrong kernel is off by O(1).
-    assert!(
-        err < 2e-4,
-        "logits at the prompt's end: relative error {err:e}"
-    );
+    // The prompt in one prefill pass, and in passes of 3, 3 and 1 positions.
+    for rows in [512, 3] {
+        let mut first = DeviceDecoder::new(&device, prompt.len() + NEW)
+            .expect("takes the q8 model")
+            .with_prefill_rows(rows);
+        assert_eq!(
+            first.generate(&prompt, 1, &[], |_| {}).unwrap(),
+            expected[..1]
+        );
+        let err = relative_error(&first.logits().unwrap(), &want);
+        // Activations enter each product as 16-bit integers per block of 16 (~2^-15 of the
+        // block's largest value): a few 1e-5 across the layers; a wrong kernel is off by O(1).
+        assert!(
+            err < 2e-4,
+            "logits at the prompt's end, passes of {rows}: relative error {err:e}"
+        );
+    }
 
-    for record in [true, false] {
-        let decoder = DeviceDecoder::new(&device, prompt.len() + NEW).unwrap();
+    for (record, rows) in [(true, 512), (false, 512), (true, 2)] {
+        let decoder = DeviceDecoder::new(&device, prompt.len() + NEW)
+            .unwrap()
+            .with_prefill_rows(rows);
         let mut decoder = if record {
             decoder
         } else {
@@ -254,7 +248,7 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         let got = decoder
             .generate(&prompt, NEW, &[], |t| seen.push(t))
             .unwrap();
-        assert_eq!(got, expected, "recorded: {record}");
+        assert_eq!(got, expected, "recorded: {record}, passes of {rows}");
         assert_eq!(seen, expected);
         // wgpu records graphs: the recorded path is the one under test here.
         assert_eq!(decoder.is_recorded(), record);

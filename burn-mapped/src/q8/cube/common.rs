@@ -70,7 +70,8 @@ pub(super) fn clamped_bases(
 
 /// Adds the lanes' partial sums of each of a group's `rows` output rows (one activation row
 /// per lane of the first `tile`) through shared memory, scales them by the row's scale, adds
-/// the bias and writes them: the common end of the FMA and dp4a kernels.
+/// the bias (per output row, or with `bias_each` per output element: a residual stream of
+/// `t_total` rows) and writes them: the common end of the FMA and dp4a kernels.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_rows(
@@ -87,6 +88,7 @@ pub(super) fn write_rows(
     #[comptime] lanes: usize,
     #[comptime] groups: usize,
     #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
 ) {
     let lane = UNIT_POS_X as usize;
     let group = UNIT_POS_Y as usize;
@@ -109,7 +111,11 @@ pub(super) fn write_rows(
                 }
                 let mut value = sum * row_scale(scales, row);
                 if comptime!(has_bias) {
-                    value += bias[row];
+                    if comptime!(bias_each) {
+                        value += bias[t * out + row];
+                    } else {
+                        value += bias[row];
+                    }
                 }
                 y[t * out + row] = value;
             }
@@ -152,29 +158,31 @@ pub(super) fn scales_and_bias(
         );
     }
     // SAFETY: the bias was checked above to hold `out` f32.
-    unsafe { scales_and_bias_buffers(scales, bias.map(|b| &b.handle), out) }
+    unsafe { scales_and_bias_buffers(scales, bias.map(|b| &b.handle), out, out) }
 }
 
-/// [`scales_and_bias`] with the bias as a bare buffer.
+/// [`scales_and_bias`] with the bias as a bare buffer of `bias_len` f32 (`out`, or `t * out`
+/// for an addend per element).
 ///
 /// # Safety
 ///
-/// `bias`, when given, holds at least `out` f32.
+/// `bias`, when given, holds at least `bias_len` f32.
 pub(super) unsafe fn scales_and_bias_buffers(
     scales: &CubeTensor,
     bias: Option<&Handle>,
     out: usize,
+    bias_len: usize,
 ) -> (BufferArg, BufferArg) {
     assert!(
         scales.dtype == DType::F16 && scales.meta.shape().num_elements() == out,
         "q8: scales must be F16 [{out}]"
     );
     let (bias, bias_len) = match bias {
-        Some(b) => (b, out),
+        Some(b) => (b, bias_len),
         None => (&scales.handle, 1),
     };
     // SAFETY: checked above: the scales hold `out` f16, `ceil(out / 2)` words (the buffer is
-    // allocated in whole words); the caller vouches for a bias of `out` f32, and one word of
+    // allocated in whole words); the caller vouches for a bias of `bias_len` f32, and one word of
     // the scales stands in for a missing bias (`out > 0` where a kernel launches).
     unsafe {
         (

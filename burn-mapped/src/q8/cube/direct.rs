@@ -103,8 +103,8 @@ pub enum DirectError {
         /// The bytes the launch needs.
         needed: u64,
     },
-    /// Products launched together must be one to three, share their width and either all have
-    /// a bias or none.
+    /// Products launched together must be one to three and share their width and their kind
+    /// of addend.
     #[error("q8 direct products: {0}")]
     Parts(String),
 }
@@ -122,15 +122,47 @@ fn check(what: &'static str, handle: &Handle, needed: usize) -> Result<(), Direc
     Ok(())
 }
 
-/// One product of a launch: `y = x W^T * scale (+ bias)`, `bias` holding `out` f32 (a
-/// residual stream works as well as a bias: the kernel adds it per output row) and `y`
-/// receiving `rows * out` f32. `bias` and `y` must be different buffers.
+/// What a product adds to its output.
+#[derive(Debug, Clone, Copy)]
+pub enum Addend<'a> {
+    /// Nothing.
+    None,
+    /// `out` f32 added to every activation row's output: a bias.
+    Bias(&'a Handle),
+    /// `rows * out` f32, one per output element: a residual stream.
+    Residual(&'a Handle),
+}
+
+impl<'a> Addend<'a> {
+    fn kernel(self) -> Option<dot::Addend<'a>> {
+        match self {
+            Addend::None => None,
+            Addend::Bias(handle) => Some(dot::Addend {
+                handle,
+                each: false,
+            }),
+            Addend::Residual(handle) => Some(dot::Addend { handle, each: true }),
+        }
+    }
+
+    /// The f32 it holds for `rows` rows of `out`.
+    fn len(self, rows: usize, out: usize) -> usize {
+        match self {
+            Addend::None => 0,
+            Addend::Bias(_) => out,
+            Addend::Residual(_) => rows * out,
+        }
+    }
+}
+
+/// One product of a launch: `y = x W^T * scale + add`, `y` receiving `rows * out` f32. The
+/// addend and `y` must be different buffers.
 #[derive(Debug, Clone, Copy)]
 pub struct Product<'a> {
     /// The weight.
     pub weight: &'a DirectWeight,
-    /// The per-row addend.
-    pub bias: Option<&'a Handle>,
+    /// What is added to the output.
+    pub add: Addend<'a>,
     /// The output.
     pub y: &'a Handle,
 }
@@ -146,20 +178,46 @@ pub fn product(
     split: &Handle,
     rows: usize,
     weight: &DirectWeight,
-    bias: Option<&Handle>,
+    add: Addend<'_>,
     y: &Handle,
 ) -> Result<(), DirectError> {
-    products(split, rows, &[Product { weight, bias, y }])
+    products(split, rows, &[Product { weight, add, y }])
 }
 
 /// Enqueues one to three products over the same split as one launch (q/k/v, gate/up): the
-/// weights share their width and whether they have a bias.
+/// weights share their width and their kind of addend.
 ///
 /// # Errors
 ///
 /// [`DirectError::BufferTooSmall`] as for [`product`]; [`DirectError::Parts`] for another
-/// count of products, differing widths or biases, or weights on another client.
+/// count of products, differing widths or addends, or weights on another client.
 pub fn products(split: &Handle, rows: usize, parts: &[Product<'_>]) -> Result<(), DirectError> {
+    launch(split, rows, parts, dot::kernel_tile(rows))
+}
+
+/// [`products`] through the kernel compiled for a single activation row, one cube row per
+/// activation row. Each row reads the weight again (from the device's cache where the matrix
+/// fits there), but a caller that also launches single rows (a prompt's prefill before its
+/// decode steps) compiles one kernel for both instead of two: on a GPU that compiles
+/// per process, compilation is most of a short prompt's time.
+///
+/// # Errors
+///
+/// As for [`products`].
+pub fn products_per_row(
+    split: &Handle,
+    rows: usize,
+    parts: &[Product<'_>],
+) -> Result<(), DirectError> {
+    launch(split, rows, parts, 1)
+}
+
+fn launch(
+    split: &Handle,
+    rows: usize,
+    parts: &[Product<'_>],
+    tile: usize,
+) -> Result<(), DirectError> {
     let Some(first) = parts.first() else {
         return Err(DirectError::Parts("no products".into()));
     };
@@ -169,9 +227,11 @@ pub fn products(split: &Handle, rows: usize, parts: &[Product<'_>]) -> Result<()
     }
     check("split", split, split_words(rows, inp))?;
     for p in parts {
-        if p.weight.in_features() != inp || p.bias.is_some() != first.bias.is_some() {
+        if p.weight.in_features() != inp
+            || std::mem::discriminant(&p.add) != std::mem::discriminant(&first.add)
+        {
             return Err(DirectError::Parts(
-                "widths or biases differ between the products".into(),
+                "widths or addends differ between the products".into(),
             ));
         }
         if p.weight.client().name() != first.weight.client().name() {
@@ -179,22 +239,31 @@ pub fn products(split: &Handle, rows: usize, parts: &[Product<'_>]) -> Result<()
         }
         let out = p.weight.out_features();
         check("y", p.y, rows * out)?;
-        if let Some(b) = p.bias {
-            check("bias", b, out)?;
+        if let Addend::Bias(b) | Addend::Residual(b) = p.add {
+            check("addend", b, p.add.len(rows, out))?;
         }
     }
-    let tuning = DotTuning::default_for(rows.clamp(1, TILE));
-    let launch: Vec<dot::Part<'_>> = parts
+    let tuning = DotTuning::default_for(tile.clamp(1, TILE));
+    let kernel_parts: Vec<dot::Part<'_>> = parts
         .iter()
         .map(|p| dot::Part {
             values: &p.weight.values,
             scales: &p.weight.scales,
-            bias: p.bias,
+            bias: p.add.kernel(),
             y: p.y,
         })
         .collect();
     // SAFETY: the sizes were checked above; every `values` is I8 `[out, in]`, contiguous, with
-    // `in % 16 == 0` (checked in `DirectWeight::new`), and the widths and biases agree.
-    unsafe { dot::launch_parts(first.weight.client(), split, rows, &launch, tuning) };
+    // `in % 16 == 0` (checked in `DirectWeight::new`), and the widths and addends agree.
+    unsafe {
+        dot::launch_parts(
+            first.weight.client(),
+            split,
+            rows,
+            &kernel_parts,
+            tuning,
+            tile,
+        )
+    };
     Ok(())
 }

@@ -50,7 +50,7 @@ pub type Word4 = Vector<i32, Const<4>>;
 /// `t` reading row `t - 1` again and writing nothing: the kernels compiled for five, six or
 /// seven rows each took longer than the eight-row one (`docs/GPU.md`), whose spare rows cost
 /// only activation loads.
-fn kernel_tile(t: usize) -> usize {
+pub(super) fn kernel_tile(t: usize) -> usize {
     if t >= MANY_FROM { TILE } else { t }
 }
 
@@ -202,6 +202,7 @@ fn dot_rows(
     #[comptime] groups: usize,
     #[comptime] unroll: usize,
     #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
 ) {
     let lane = UNIT_POS_X as usize;
     let group = UNIT_POS_Y as usize;
@@ -255,6 +256,7 @@ fn dot_rows(
     }
     write_rows(
         &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, has_bias,
+        bias_each,
     );
 }
 
@@ -276,6 +278,7 @@ fn dot_kernel(
     #[comptime] groups: usize,
     #[comptime] unroll: usize,
     #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
 ) {
     dot_rows(
         xq,
@@ -294,6 +297,7 @@ fn dot_kernel(
         groups,
         unroll,
         has_bias,
+        bias_each,
     );
 }
 
@@ -322,6 +326,7 @@ fn dot2_kernel(
     #[comptime] groups: usize,
     #[comptime] unroll: usize,
     #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
 ) {
     let cube_x = CUBE_POS_X as usize;
     let first = cube_x * groups * rows;
@@ -329,13 +334,13 @@ fn dot2_kernel(
         if first < out0 {
             dot_rows(
                 xq, xs, w0, scales0, bias0, y0, t_total, out0, nblk, cube_x, tile, rows, lanes,
-                groups, unroll, has_bias,
+                groups, unroll, has_bias, bias_each,
             );
         }
     } else if first < out1 {
         dot_rows(
             xq, xs, w1, scales1, bias1, y1, t_total, out1, nblk, cube_x, tile, rows, lanes, groups,
-            unroll, has_bias,
+            unroll, has_bias, bias_each,
         );
     }
 }
@@ -369,6 +374,7 @@ fn dot3_kernel(
     #[comptime] groups: usize,
     #[comptime] unroll: usize,
     #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
 ) {
     let cube_x = CUBE_POS_X as usize;
     let first = cube_x * groups * rows;
@@ -376,20 +382,20 @@ fn dot3_kernel(
         if first < out0 {
             dot_rows(
                 xq, xs, w0, scales0, bias0, y0, t_total, out0, nblk, cube_x, tile, rows, lanes,
-                groups, unroll, has_bias,
+                groups, unroll, has_bias, bias_each,
             );
         }
     } else if CUBE_POS_Z == 1 {
         if first < out1 {
             dot_rows(
                 xq, xs, w1, scales1, bias1, y1, t_total, out1, nblk, cube_x, tile, rows, lanes,
-                groups, unroll, has_bias,
+                groups, unroll, has_bias, bias_each,
             );
         }
     } else if first < out2 {
         dot_rows(
             xq, xs, w2, scales2, bias2, y2, t_total, out2, nblk, cube_x, tile, rows, lanes, groups,
-            unroll, has_bias,
+            unroll, has_bias, bias_each,
         );
     }
 }
@@ -448,7 +454,10 @@ pub(super) fn run_split(
             "q8: bias must be f32 [{out}]"
         );
     }
-    let bias = bias.map(|b| &b.handle);
+    let bias = bias.map(|b| Addend {
+        handle: &b.handle,
+        each: false,
+    });
     // SAFETY: the caller checked the split against the weight and sized `y` `[t, out]`; the
     // bias was checked above.
     unsafe {
@@ -461,18 +470,35 @@ pub(super) fn run_split(
             bias,
             y,
             tuning,
+            kernel_tile(t),
         )
     }
 }
 
+/// What a product adds to its output: `out` f32 added to every activation row's output (a
+/// bias) or, `each`, one f32 per output element (`t * out`: a residual stream).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Addend<'a> {
+    pub(super) handle: &'a Handle,
+    pub(super) each: bool,
+}
+
+impl Addend<'_> {
+    /// The f32 it holds for a product of `t` rows of `out`.
+    fn len(&self, t: usize, out: usize) -> usize {
+        if self.each { t * out } else { out }
+    }
+}
+
 /// Launches the dp4a kernel on `client` over a split of `t` rows in `split`, the weight's
-/// values, its scales (F16 `[out]`) and an optional bias, into `y`.
+/// values, its scales (F16 `[out]`) and an optional addend, into `y`, compiled for `tile`
+/// activation rows per pass ([`kernel_tile`], or 1: the kernel a single row runs).
 ///
 /// # Safety
 ///
 /// `split` holds a split of `t` rows of the weight's width (`9 * t * in / 16` words), `values`
-/// is a contiguous I8 `[out, in]` tensor with `in % 16 == 0`, `bias` holds `out` f32, and `y`
-/// holds `t * out` f32.
+/// is a contiguous I8 `[out, in]` tensor with `in % 16 == 0`, `bias` holds what
+/// [`Addend::len`] says, and `y` holds `t * out` f32.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn launch(
     client: &Client,
@@ -480,16 +506,19 @@ pub(super) unsafe fn launch(
     t: usize,
     values: &CubeTensor,
     scales: &CubeTensor,
-    bias: Option<&Handle>,
+    bias: Option<Addend<'_>>,
     y: &Handle,
     tuning: DotTuning,
+    tile: usize,
 ) {
     let [out, inp] = values.meta.shape().dims::<2>();
     let has_bias = bias.is_some();
+    let bias_each = bias.is_some_and(|b| b.each);
+    let bias_len = bias.map_or(out, |b| b.len(t, out));
     // SAFETY: the caller vouches for the bias's length.
-    let (scales, bias) = unsafe { scales_and_bias_buffers(scales, bias, out) };
+    let (scales, bias) =
+        unsafe { scales_and_bias_buffers(scales, bias.map(|b| b.handle), out, bias_len) };
     let nblk = inp / BLOCK;
-    let tile = kernel_tile(t);
     let (count, dim) = grid(out, t, tile, tuning.lanes, tuning.groups, tuning.rows);
     // SAFETY: lengths are in elements of the bound type: the split `2 * t * nblk` vectors of
     // four words (its planes) and `9 * t * nblk` f32 (the kernel reads the scales from word
@@ -517,6 +546,7 @@ pub(super) unsafe fn launch(
             tuning.groups,
             tuning.unroll,
             has_bias,
+            bias_each,
         );
     }
 }
@@ -525,34 +555,39 @@ pub(super) unsafe fn launch(
 pub(super) struct Part<'a> {
     pub(super) values: &'a CubeTensor,
     pub(super) scales: &'a CubeTensor,
-    pub(super) bias: Option<&'a Handle>,
+    pub(super) bias: Option<Addend<'a>>,
     pub(super) y: &'a Handle,
 }
 
 /// Launches one to three products over the same split of `t` rows as one dispatch (the weights
-/// side by side along the grid's third axis).
+/// side by side along the grid's third axis), `tile` rows per pass as for [`launch`].
 ///
 /// # Safety
 ///
 /// As [`launch`], for every part; the parts share the weights' width and whether they have a
-/// bias, and write different buffers.
+/// kind of addend, and write different buffers.
 pub(super) unsafe fn launch_parts(
     client: &Client,
     split: &Handle,
     t: usize,
     parts: &[Part<'_>],
     tuning: DotTuning,
+    tile: usize,
 ) {
     if let [p] = parts {
         // SAFETY: the caller's contract.
-        unsafe { launch(client, split, t, p.values, p.scales, p.bias, p.y, tuning) };
+        unsafe {
+            launch(
+                client, split, t, p.values, p.scales, p.bias, p.y, tuning, tile,
+            )
+        };
         return;
     }
     assert!(matches!(parts.len(), 2 | 3), "1 to 3 products per launch");
     let inp = parts[0].values.meta.shape().dims::<2>()[1];
     let nblk = inp / BLOCK;
-    let tile = kernel_tile(t);
     let has_bias = parts[0].bias.is_some();
+    let bias_each = parts[0].bias.is_some_and(|b| b.each);
     let outs: Vec<usize> = parts
         .iter()
         .map(|p| p.values.meta.shape().dims::<2>()[0])
@@ -569,7 +604,10 @@ pub(super) unsafe fn launch_parts(
         .iter()
         .zip(&outs)
         .map(|(p, &out)| {
-            let (scales, bias) = unsafe { scales_and_bias_buffers(p.scales, p.bias, out) };
+            let bias_len = p.bias.map_or(out, |b| b.len(t, out));
+            let (scales, bias) = unsafe {
+                scales_and_bias_buffers(p.scales, p.bias.map(|b| b.handle), out, bias_len)
+            };
             let values = unsafe { BufferArg::from_raw_parts(p.values.handle.clone(), out * nblk) };
             let y = unsafe { BufferArg::from_raw_parts(p.y.clone(), t * out) };
             (values, scales, bias, y, out)
@@ -612,6 +650,7 @@ pub(super) unsafe fn launch_parts(
                 tuning.groups,
                 tuning.unroll,
                 has_bias,
+                bias_each,
             ),
             Some((w2, s2, b2, y2, o2)) => dot3_kernel::launch_unchecked(
                 client,
@@ -642,6 +681,7 @@ pub(super) unsafe fn launch_parts(
                 tuning.groups,
                 tuning.unroll,
                 has_bias,
+                bias_each,
             ),
         }
     }

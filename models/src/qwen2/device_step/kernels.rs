@@ -21,8 +21,9 @@ const LOWEST: f32 = -3.4e38;
 /// Values per split block.
 const BLOCK: usize = 16;
 
-/// Row `ids[pos]` of the embedding rows `first..first + rows` (a block of the vocabulary, or
-/// all of it) into `h`; a token outside the block writes nothing. One thread per value.
+/// Row `ids[pos + t]` of the embedding rows `first..first + rows` (a block of the vocabulary,
+/// or all of it) into row `t` of `h`, `t` the cube's row of the grid; a token outside the
+/// block writes nothing. One thread per value.
 #[cube(launch_unchecked)]
 pub(super) fn embed_kernel(
     embed: &[f32],
@@ -33,15 +34,16 @@ pub(super) fn embed_kernel(
     first: usize,
     rows: usize,
 ) {
-    let i = ABSOLUTE_POS;
-    let token = ids[pos[0] as usize] as usize;
+    let i = ABSOLUTE_POS_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let token = ids[pos[0] as usize + t] as usize;
     if i < hidden && token >= first && token < first + rows {
-        h[i] = embed[(token - first) * hidden + i];
+        h[t * hidden + i] = embed[(token - first) * hidden + i];
     }
 }
 
-/// RMSNorm of `x` (`n` values) with weight `w`, split into `xq`/`xs` for the products that
-/// read it. One cube of [`THREADS`].
+/// RMSNorm of row `first_row + t` of `x` (rows of `n` values) with weight `w`, split as row
+/// `t` of the grid's rows for the products that read it. One cube of [`THREADS`] per row.
 #[cube(launch_unchecked)]
 pub(super) fn rms_split_kernel(
     x: &[f32],
@@ -50,13 +52,16 @@ pub(super) fn rms_split_kernel(
     xs: &mut [f32],
     n: usize,
     eps: f32,
+    first_row: usize,
 ) {
     let tid = UNIT_POS as usize;
+    let t = CUBE_POS_Y as usize;
+    let at = (first_row + t) * n;
     let mut shared = Shared::<[f32]>::new_slice(THREADS);
     let mut acc = 0.0f32;
     let mut i = tid;
     while i < n {
-        acc += x[i] * x[i];
+        acc += x[at + i] * x[at + i];
         i += THREADS;
     }
     shared[tid] = acc;
@@ -69,6 +74,7 @@ pub(super) fn rms_split_kernel(
     }
     let inv = 1.0f32 / f32::sqrt(total / f32::cast_from(n) + eps);
     let blocks = n / BLOCK;
+    let all = CUBE_COUNT_Y as usize * blocks;
     let mut b = tid;
     while b < blocks {
         let mut v = Array::<F4>::new(4usize);
@@ -78,16 +84,16 @@ pub(super) fn rms_split_kernel(
             #[unroll]
             for c in 0..4usize {
                 let j = b * BLOCK + 4 * i + c;
-                four.insert(c, x[j] * inv * w[j]);
+                four.insert(c, x[at + j] * inv * w[j]);
             }
             v[i] = four;
         }
-        split_block(&v, xq, xs, b, blocks, 8 * blocks);
+        split_block(&v, xq, xs, t * blocks + b, all, 8 * all);
         b += THREADS;
     }
 }
 
-/// `silu(gate) * up` (`n` values each), split. One thread per block.
+/// `silu(gate) * up` (`n` values each: every row's), split. One thread per block.
 #[cube(launch_unchecked)]
 pub(super) fn silu_split_kernel(
     gate: &[f32],
@@ -140,12 +146,45 @@ fn rotated(
     x[at + d] * c + x[at + partner] * signed
 }
 
-/// Single-query attention of one head per cube, for position `pos[0]`: rotates the head's
-/// query and its group's new key, writes the key and value into the cache (the group's first
-/// head does), attends over positions `0..=pos` with a softmax kept as a running maximum and
-/// sum over chunks of [`THREADS`] positions, and splits the head's output for the
-/// o-projection. Positions before `pos` are read from the cache; `pos` itself from the
-/// shared copies, so no cube reads what another writes in the same launch.
+/// Writes the rotated keys and the values of positions `pos..pos + rows` (the grid's rows) into
+/// the cache, ahead of [`attention_kernel`] reading them all from there: a prompt's positions
+/// at once. One cube of `head_dim` threads per key-value head and row.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn cache_write_kernel(
+    k: &[f32],
+    v: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    pos: &[u32],
+    kc: &mut [f32],
+    vc: &mut [f32],
+    capacity: usize,
+    #[comptime] head_dim: usize,
+) {
+    let g = CUBE_POS_X as usize;
+    let kv_heads = CUBE_COUNT_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let d = UNIT_POS as usize;
+    let p = pos[0] as usize + t;
+    if d < head_dim && p < capacity {
+        let row = (t * kv_heads + g) * head_dim;
+        let at = (g * capacity + p) * head_dim + d;
+        kc[at] = rotated(k, row, d, cos, sin, p, head_dim);
+        vc[at] = v[row + d];
+    }
+}
+
+/// Single-query attention of one head per cube, for position `pos[0] + t` (`t` the cube's
+/// row of the grid): rotates the head's query and attends over positions `0..=pos + t` with
+/// a softmax kept as a running maximum and sum over chunks of [`THREADS`] positions, and
+/// splits the head's output (row `t`) for the o-projection.
+///
+/// In a decode step (`cached` false, one row) the kernel also rotates its group's new key and
+/// writes it and the value into the cache (the group's first head does): positions before
+/// `pos` are read from the cache, `pos` itself from the shared copies, so no cube reads what
+/// another writes in the same launch. With `cached`, [`cache_write_kernel`] wrote every row's
+/// key and value before, and all are read from the cache.
 ///
 /// `kc`/`vc` are `[kv_heads, capacity, head_dim]`; `cos`/`sin` `[capacity, head_dim / 2]`.
 #[cube(launch_unchecked)]
@@ -166,11 +205,13 @@ pub(super) fn attention_kernel(
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
     #[comptime] heads: usize,
+    #[comptime] cached: bool,
 ) {
     let h = CUBE_POS_X as usize;
     let g = h / group;
+    let t = CUBE_POS_Y as usize;
     let tid = UNIT_POS as usize;
-    let p_now = pos[0] as usize;
+    let p_now = pos[0] as usize + t;
     let mut sq = Shared::<[f32]>::new_slice(head_dim);
     let mut sk = Shared::<[f32]>::new_slice(head_dim);
     let mut sv = Shared::<[f32]>::new_slice(head_dim);
@@ -179,16 +220,32 @@ pub(super) fn attention_kernel(
     let mut rl = Shared::<[f32]>::new_slice(THREADS);
     // A position past the cache (a caller's bug) reads and writes nothing.
     let live = p_now < capacity;
+    // The position whose key and value this cube holds in shared memory rather than reads
+    // from the cache: none with `cached`.
+    let mut fresh = p_now;
+    if comptime!(cached) {
+        fresh = capacity;
+    }
     if tid < head_dim && live {
-        sq[tid] = rotated(q, h * head_dim, tid, cos, sin, p_now, head_dim);
-        let key = rotated(k, g * head_dim, tid, cos, sin, p_now, head_dim);
-        let value = v[g * head_dim + tid];
-        sk[tid] = key;
-        sv[tid] = value;
-        if h == g * group {
-            let at = (g * capacity + p_now) * head_dim + tid;
-            kc[at] = key;
-            vc[at] = value;
+        sq[tid] = rotated(
+            q,
+            (t * heads + h) * head_dim,
+            tid,
+            cos,
+            sin,
+            p_now,
+            head_dim,
+        );
+        if comptime!(!cached) {
+            let key = rotated(k, g * head_dim, tid, cos, sin, p_now, head_dim);
+            let value = v[g * head_dim + tid];
+            sk[tid] = key;
+            sv[tid] = value;
+            if h == g * group {
+                let at = (g * capacity + p_now) * head_dim + tid;
+                kc[at] = key;
+                vc[at] = value;
+            }
         }
     }
     sync_cube();
@@ -210,7 +267,7 @@ pub(super) fn attention_kernel(
         let mut score = LOWEST.runtime();
         if p < len {
             let mut dot = 0.0f32;
-            if p < p_now {
+            if p < fresh {
                 let row = base + p * head_dim;
                 for j in 0..head_dim {
                     dot += sq[j] * kc[row + j];
@@ -241,7 +298,7 @@ pub(super) fn attention_kernel(
             let w = f32::exp(sc[j] - m);
             let pp = start + j;
             let mut value = sv[d];
-            if pp < p_now {
+            if pp < fresh {
                 value = vc[base + pp * head_dim + d];
             }
             l += w;
@@ -266,7 +323,7 @@ pub(super) fn attention_kernel(
     sync_cube();
     let per_head = head_dim / BLOCK;
     if tid < per_head && live {
-        let blocks = heads * per_head;
+        let blocks = CUBE_COUNT_Y as usize * heads * per_head;
         let mut vals = Array::<F4>::new(4usize);
         #[unroll]
         for i in 0..4usize {
@@ -277,7 +334,14 @@ pub(super) fn attention_kernel(
             }
             vals[i] = four;
         }
-        split_block(&vals, xq, xs, h * per_head + tid, blocks, 8 * blocks);
+        split_block(
+            &vals,
+            xq,
+            xs,
+            (t * heads + h) * per_head + tid,
+            blocks,
+            8 * blocks,
+        );
     }
 }
 

@@ -14,10 +14,17 @@
 //!
 //! That makes the step recordable: the first step runs as launches while CubeCL prepares a
 //! capture, the second is recorded (`Client::start_capture`), and every later step replays the
-//! recording. Where the runtime records no graph, the same launches run every step. Prompt
-//! positions take the same step (its choice is not written where the prompt holds a token):
-//! one graph serves prefill and decode. One step is always in flight ahead of the host's read
-//! of the previous token.
+//! recording. Where the runtime records no graph, the same launches run every step. One step
+//! is always in flight ahead of the host's read of the previous token.
+//!
+//! The prompt runs before, once, through the same kernels over all its positions at a time
+//! (in passes of [`DeviceDecoder::with_prefill_rows`]): each product is one launch over the
+//! pass's positions, the keys and values of the pass go into the cache in one launch, and
+//! attention runs for every position at once; the last position's choice is the first new
+//! token. The products run the single-row kernel the decode step runs, one cube row per
+//! position (each reads the weight from the device's cache): the eight-row kernel would read it
+//! once per eight positions, but it is a second set of kernels to compile in every process, and
+//! compilation is most of a short prompt's time to its first token.
 //!
 //! It takes a model whose projections and LM head are q8 with rows of whole dp4a blocks and
 //! whose other parameters are `f32`, on a CubeCL device, its vocabulary matrices whole or in
@@ -31,7 +38,9 @@ mod tests;
 use burn::tensor::DType;
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
-use burn_mapped::q8::direct::{DirectWeight, Product, cube_float, product, products, split_words};
+use burn_mapped::q8::direct::{
+    Addend, DirectWeight, Product, cube_float, product, products_per_row, split_words,
+};
 use cubecl::bytes::Bytes;
 use cubecl::client::{Client, Graph};
 use cubecl::prelude::*;
@@ -62,14 +71,24 @@ pub enum DeviceStepError {
     Device(String),
 }
 
+/// Prompt positions per prefill pass unless [`DeviceDecoder::with_prefill_rows`] says
+/// otherwise: ~32 MiB of activations on Qwen2.5-0.5B.
+const PREFILL_ROWS: usize = 512;
+
 fn device_error(e: impl std::fmt::Display) -> DeviceStepError {
     DeviceStepError::Device(e.to_string())
 }
 
+/// An RMSNorm's weight on the device, and its epsilon.
+struct Norm {
+    weight: CubeTensor,
+    eps: f32,
+}
+
 /// A layer's parameters as device buffers, and its cache.
 struct Layer {
-    in_norm: CubeTensor,
-    post_norm: CubeTensor,
+    in_norm: Norm,
+    post_norm: Norm,
     q: DirectWeight,
     k: DirectWeight,
     v: DirectWeight,
@@ -92,12 +111,11 @@ struct Dims {
     head_dim: usize,
     inter: usize,
     vocab: usize,
-    eps: f32,
     capacity: usize,
 }
 
-/// The step's activations and bookkeeping, made once.
-struct Buffers {
+/// Activations of some positions: one for a decode step, a chunk of the prompt in prefill.
+struct Acts {
     h0: Handle,
     h1: Handle,
     split_h: Handle,
@@ -107,6 +125,28 @@ struct Buffers {
     v: Handle,
     gate: Handle,
     up: Handle,
+}
+
+impl Acts {
+    fn new(client: &Client, d: &Dims, rows: usize) -> Self {
+        let f32s = |n: usize| client.empty(rows * n * size_of::<f32>());
+        Self {
+            h0: f32s(d.hidden),
+            h1: f32s(d.hidden),
+            split_h: f32s(split_words(1, d.hidden)),
+            split_i: f32s(split_words(1, d.inter)),
+            q: f32s(d.hidden),
+            k: f32s(d.kv_heads * d.head_dim),
+            v: f32s(d.kv_heads * d.head_dim),
+            gate: f32s(d.inter),
+            up: f32s(d.inter),
+        }
+    }
+}
+
+/// The step's activations and bookkeeping, made once.
+struct Buffers {
+    acts: Acts,
     logits: Handle,
     /// One head block's logits, before they are copied into `logits` (with several blocks).
     block_logits: Option<Handle>,
@@ -136,14 +176,17 @@ pub struct DeviceDecoder {
     /// Embedding rows and the LM head, each as consecutive vocabulary blocks (one block where
     /// the device binds the whole matrix): `(rows, first row)`.
     embed: Vec<(CubeTensor, usize)>,
-    norm: CubeTensor,
+    norm: Norm,
     head: Vec<(DirectWeight, usize)>,
     dims: Dims,
     buf: Buffers,
     mode: Mode,
     /// Launches per step (for reports).
     launches: usize,
-    /// Host time spent enqueuing the steps that generated tokens, and how many.
+    /// The most prompt positions one prefill pass takes.
+    prefill_rows: usize,
+    /// Host time spent enqueuing the steady steps (replays, or launches without a graph) that
+    /// generated tokens, and how many.
     host: std::time::Duration,
     chosen: usize,
 }
@@ -179,8 +222,11 @@ fn in_blocks<T>(blocks: Vec<T>, rows: impl Fn(&T) -> usize) -> Vec<(T, usize)> {
         .collect()
 }
 
-fn norm(n: &RmsNorm) -> Option<CubeTensor> {
-    f32_param(&n.weight.val())
+fn norm(n: &RmsNorm) -> Option<Norm> {
+    Some(Norm {
+        weight: f32_param(&n.weight.val())?,
+        eps: n.eps() as f32,
+    })
 }
 
 impl DeviceDecoder {
@@ -252,7 +298,6 @@ impl DeviceDecoder {
             head_dim,
             inter,
             vocab,
-            eps: m.layers[0].input_layernorm.eps() as f32,
             capacity,
         };
         let embed_rows: usize = embed
@@ -322,15 +367,7 @@ impl DeviceDecoder {
             .collect();
         let (cos, sin) = rope_tables(m.rope_theta(), head_dim, capacity);
         let buf = Buffers {
-            h0: f32s(hidden),
-            h1: f32s(hidden),
-            split_h: f32s(split_words(1, hidden)),
-            split_i: f32s(split_words(1, inter)),
-            q: f32s(hidden),
-            k: f32s(kv_heads * head_dim),
-            v: f32s(kv_heads * head_dim),
-            gate: f32s(inter),
-            up: f32s(inter),
+            acts: Acts::new(&client, &dims, 1),
             logits: f32s(vocab),
             block_logits: (head.len() > 1).then(|| f32s(widest)),
             ids: f32s(capacity + 1),
@@ -349,6 +386,7 @@ impl DeviceDecoder {
             buf,
             mode: Mode::Fresh,
             launches: 0,
+            prefill_rows: PREFILL_ROWS,
             host: std::time::Duration::ZERO,
             chosen: 0,
         })
@@ -358,6 +396,13 @@ impl DeviceDecoder {
     /// records no graph; the same kernels, so the same tokens).
     pub fn without_capture(mut self) -> Self {
         self.mode = Mode::Launch;
+        self
+    }
+
+    /// This decoder taking at most `rows` prompt positions per prefill pass (at least one):
+    /// a pass's activations take about 64 KiB per position on Qwen2.5-0.5B.
+    pub fn with_prefill_rows(mut self, rows: usize) -> Self {
+        self.prefill_rows = rows.max(1);
         self
     }
 
@@ -371,8 +416,8 @@ impl DeviceDecoder {
         self.launches
     }
 
-    /// The host's mean time to enqueue a generating step (replay or launches): what the
-    /// device step costs the host per token.
+    /// The host's mean time to enqueue a steady generating step (a replay, or the launches
+    /// where nothing is recorded): what the device step costs the host per token.
     pub fn host_time_per_token(&self) -> Option<std::time::Duration> {
         (self.chosen > 0).then(|| self.host / self.chosen as u32)
     }
@@ -427,8 +472,8 @@ impl DeviceDecoder {
         if max_new_tokens == 0 {
             return Ok(generated);
         }
-        // Steps run at positions `0..n + max_new_tokens - 1`, plus the one in flight when the
-        // last token is read.
+        // Prefill takes positions `0..n`, steps `n..n + max_new_tokens - 1` (the last in
+        // flight when the last token is read).
         let steps = n + max_new_tokens - 1;
         if steps > self.dims.capacity {
             return Err(DeviceStepError::CacheFull {
@@ -439,23 +484,34 @@ impl DeviceDecoder {
         let mut ids = vec![0u32; self.dims.capacity + 1];
         ids[..n].copy_from_slice(prompt);
         self.client.write(&self.buf.ids, Bytes::from_elems(ids));
-        self.client.write(&self.buf.pos, u32_bytes(0));
         self.client.write(&self.buf.prompt, u32_bytes(n as u32));
-        // The prompt's positions, then one step in flight ahead of each read.
-        for _ in 0..n {
-            self.step()?;
-        }
+        // The prompt's positions at once, then one step in flight ahead of each read.
+        self.prefill(n)?;
         let client = self.client.clone();
         for position in n..n + max_new_tokens {
-            let read = client.read_async(vec![self.buf.ids.clone()]);
+            // The 4 bytes of the token at `position`, not the whole id buffer (trimmed from the
+            // `capacity + 1` words allocated; the handle's own size is rounded up).
+            let at = 4 * position as u64;
+            let allocated = 4 * (self.dims.capacity as u64 + 1);
+            let word = self
+                .buf
+                .ids
+                .clone()
+                .offset_start(at)
+                .offset_end(allocated - at - 4);
+            let read = client.read_async(vec![word]);
             if position + 1 < n + max_new_tokens {
+                // The warm-up and the recording compile and prepare: not a step's steady cost.
+                let steady = matches!(self.mode, Mode::Recorded(_) | Mode::Launch);
                 let start = std::time::Instant::now();
                 self.step()?;
-                self.host += start.elapsed();
-                self.chosen += 1;
+                if steady {
+                    self.host += start.elapsed();
+                    self.chosen += 1;
+                }
             }
             let bytes = cubecl::future::block_on(read).map_err(device_error)?;
-            let token = read_u32(&bytes[0], position);
+            let token = read_u32(&bytes[0], 0);
             if token as usize >= self.dims.vocab {
                 return Err(DeviceStepError::NoChoice { position });
             }
@@ -509,104 +565,194 @@ impl DeviceDecoder {
         }
     }
 
+    /// Enqueues the prompt's `n` positions in passes of at most `prefill_rows`: each layer's
+    /// products over a pass's positions at once, the keys and values into the cache, then
+    /// attention for every position; the last position's logits choose the first new token.
+    /// Runs once per prompt, so it is launched, not recorded, and its launch arguments may
+    /// depend on the prompt.
+    fn prefill(&mut self, n: usize) -> Result<(), DeviceStepError> {
+        let rows = self.prefill_rows.min(n);
+        let acts = Acts::new(&self.client, &self.dims, rows);
+        let mut start = 0;
+        let mut last = 0;
+        while start < n {
+            let t = rows.min(n - start);
+            self.client.write(&self.buf.pos, u32_bytes(start as u32));
+            self.embed(&acts, t);
+            self.layers(&acts, t, true)?;
+            start += t;
+            last = t - 1;
+        }
+        // The choice at the prompt's last position writes the first new token and moves the
+        // position past the prompt.
+        self.client.write(&self.buf.pos, u32_bytes(n as u32 - 1));
+        self.head(&acts.h0, last)?;
+        Ok(())
+    }
+
     /// Enqueues the step's launches; returns how many.
     fn launch(&mut self) -> Result<usize, DeviceStepError> {
+        let mut count = self.embed(&self.buf.acts, 1);
+        count += self.layers(&self.buf.acts, 1, false)?;
+        count += self.head(&self.buf.acts.h0, 0)?;
+        self.launches = count;
+        Ok(count)
+    }
+
+    /// The embedding rows of positions `pos..pos + rows` into `a.h0`; returns the launches.
+    fn embed(&self, a: &Acts, rows: usize) -> usize {
         let d = self.dims;
         let b = &self.buf;
-        let c = &self.client;
-        let mut count = 0usize;
-        let hidden_blocks = d.hidden / 16;
-        // SAFETY (all launches below): every buffer was allocated in `new` with the length
-        // bound here, in elements of the bound type; the kernels index within `hidden`,
-        // `inter`, `vocab` and the cache's `kv_heads * capacity * head_dim`, and read the
-        // position from `pos`, which the argmax kernel keeps at most `capacity` and the
-        // attention kernel checks against it.
-        for (rows, first) in &self.embed {
-            let n = rows.meta.shape().dims::<2>()[0];
+        // SAFETY: each block holds `n * hidden` f32 and `a.h0` at least `rows * hidden`; the
+        // kernel reads ids at `pos + t < capacity + 1` (the caller keeps `pos + rows` within
+        // the cache) and writes row `t < rows` only.
+        for (block, first) in &self.embed {
+            let n = block.meta.shape().dims::<2>()[0];
             unsafe {
                 kernels::embed_kernel::launch_unchecked(
-                    c,
-                    CubeCount::Static(d.hidden.div_ceil(THREADS) as u32, 1, 1),
+                    &self.client,
+                    CubeCount::Static(d.hidden.div_ceil(THREADS) as u32, rows as u32, 1),
                     CubeDim::new_1d(THREADS as u32),
-                    BufferArg::from_raw_parts(rows.handle.clone(), n * d.hidden),
+                    BufferArg::from_raw_parts(block.handle.clone(), n * d.hidden),
                     BufferArg::from_raw_parts(b.ids.clone(), d.capacity + 1),
                     BufferArg::from_raw_parts(b.pos.clone(), 1),
-                    BufferArg::from_raw_parts(b.h0.clone(), d.hidden),
+                    BufferArg::from_raw_parts(a.h0.clone(), rows * d.hidden),
                     d.hidden,
                     *first,
                     n,
                 );
             }
-            count += 1;
         }
+        self.embed.len()
+    }
+
+    /// Every layer over positions `pos..pos + rows`, from `a.h0` back into `a.h0`; returns the
+    /// launches. `prefill` writes the rows' keys and values into the cache first and attends
+    /// from there (any number of rows); otherwise the one row's attention writes its own.
+    fn layers(&self, a: &Acts, rows: usize, prefill: bool) -> Result<usize, DeviceStepError> {
+        let d = self.dims;
+        let b = &self.buf;
+        let c = &self.client;
+        let mut count = 0;
+        let kv = d.kv_heads * d.head_dim;
+        let cache = d.kv_heads * d.capacity * d.head_dim;
+        let hidden_blocks = rows * d.hidden / 16;
+        // SAFETY (all launches below): every buffer was allocated with room for `rows` rows
+        // (`Acts::new`) or with the length bound here, in elements of the bound type; the
+        // kernels index within `rows` rows of `hidden`, `inter` and `kv` values and the
+        // cache's `kv_heads * capacity * head_dim`, at positions `pos + t` that they check
+        // against `capacity`.
         for l in &self.layers {
-            rms_split(c, &b.h0, &l.in_norm, &b.split_h, d.hidden, d.eps);
+            rms_split(c, &a.h0, &l.in_norm, &a.split_h, d.hidden, 0, rows);
             let qkv = [
-                (&l.q, &l.q_bias, &b.q),
-                (&l.k, &l.k_bias, &b.k),
-                (&l.v, &l.v_bias, &b.v),
+                (&l.q, &l.q_bias, &a.q),
+                (&l.k, &l.k_bias, &a.k),
+                (&l.v, &l.v_bias, &a.v),
             ]
             .map(|(weight, bias, y)| Product {
                 weight,
-                bias: Some(&bias.handle),
+                add: Addend::Bias(&bias.handle),
                 y,
             });
-            products(&b.split_h, 1, &qkv).map_err(device_error)?;
+            products_per_row(&a.split_h, rows, &qkv).map_err(device_error)?;
+            if prefill {
+                unsafe {
+                    kernels::cache_write_kernel::launch_unchecked(
+                        c,
+                        CubeCount::Static(d.kv_heads as u32, rows as u32, 1),
+                        CubeDim::new_1d(d.head_dim as u32),
+                        BufferArg::from_raw_parts(a.k.clone(), rows * kv),
+                        BufferArg::from_raw_parts(a.v.clone(), rows * kv),
+                        BufferArg::from_raw_parts(b.cos.clone(), d.capacity * d.head_dim / 2),
+                        BufferArg::from_raw_parts(b.sin.clone(), d.capacity * d.head_dim / 2),
+                        BufferArg::from_raw_parts(b.pos.clone(), 1),
+                        BufferArg::from_raw_parts(l.kc.clone(), cache),
+                        BufferArg::from_raw_parts(l.vc.clone(), cache),
+                        d.capacity,
+                        d.head_dim,
+                    );
+                }
+                count += 1;
+            }
             unsafe {
                 kernels::attention_kernel::launch_unchecked(
                     c,
-                    CubeCount::Static(d.heads as u32, 1, 1),
+                    CubeCount::Static(d.heads as u32, rows as u32, 1),
                     CubeDim::new_1d(THREADS as u32),
-                    BufferArg::from_raw_parts(b.q.clone(), d.hidden),
-                    BufferArg::from_raw_parts(b.k.clone(), d.kv_heads * d.head_dim),
-                    BufferArg::from_raw_parts(b.v.clone(), d.kv_heads * d.head_dim),
+                    BufferArg::from_raw_parts(a.q.clone(), rows * d.hidden),
+                    BufferArg::from_raw_parts(a.k.clone(), rows * kv),
+                    BufferArg::from_raw_parts(a.v.clone(), rows * kv),
                     BufferArg::from_raw_parts(b.cos.clone(), d.capacity * d.head_dim / 2),
                     BufferArg::from_raw_parts(b.sin.clone(), d.capacity * d.head_dim / 2),
                     BufferArg::from_raw_parts(b.pos.clone(), 1),
-                    BufferArg::from_raw_parts(l.kc.clone(), d.kv_heads * d.capacity * d.head_dim),
-                    BufferArg::from_raw_parts(l.vc.clone(), d.kv_heads * d.capacity * d.head_dim),
-                    BufferArg::from_raw_parts(b.split_h.clone(), 2 * hidden_blocks),
-                    BufferArg::from_raw_parts(b.split_h.clone(), 9 * hidden_blocks),
+                    BufferArg::from_raw_parts(l.kc.clone(), cache),
+                    BufferArg::from_raw_parts(l.vc.clone(), cache),
+                    BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
+                    BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
                     d.capacity,
                     1.0 / (d.head_dim as f32).sqrt(),
                     d.head_dim,
                     d.heads / d.kv_heads,
                     d.heads,
+                    prefill,
                 );
             }
-            product(&b.split_h, 1, &l.o, Some(&b.h0), &b.h1).map_err(device_error)?;
-            rms_split(c, &b.h1, &l.post_norm, &b.split_h, d.hidden, d.eps);
-            let gate_up = [(&l.gate, &b.gate), (&l.up, &b.up)].map(|(weight, y)| Product {
+            let o = Product {
+                weight: &l.o,
+                add: Addend::Residual(&a.h0),
+                y: &a.h1,
+            };
+            products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
+            rms_split(c, &a.h1, &l.post_norm, &a.split_h, d.hidden, 0, rows);
+            let gate_up = [(&l.gate, &a.gate), (&l.up, &a.up)].map(|(weight, y)| Product {
                 weight,
-                bias: None,
+                add: Addend::None,
                 y,
             });
-            products(&b.split_h, 1, &gate_up).map_err(device_error)?;
-            let inter_blocks = d.inter / 16;
+            products_per_row(&a.split_h, rows, &gate_up).map_err(device_error)?;
+            let inter_blocks = rows * d.inter / 16;
             unsafe {
                 kernels::silu_split_kernel::launch_unchecked(
                     c,
                     CubeCount::Static(inter_blocks.div_ceil(64) as u32, 1, 1),
                     CubeDim::new_1d(64),
-                    BufferArg::from_raw_parts(b.gate.clone(), d.inter),
-                    BufferArg::from_raw_parts(b.up.clone(), d.inter),
-                    BufferArg::from_raw_parts(b.split_i.clone(), 2 * inter_blocks),
-                    BufferArg::from_raw_parts(b.split_i.clone(), 9 * inter_blocks),
-                    d.inter,
+                    BufferArg::from_raw_parts(a.gate.clone(), rows * d.inter),
+                    BufferArg::from_raw_parts(a.up.clone(), rows * d.inter),
+                    BufferArg::from_raw_parts(a.split_i.clone(), 2 * inter_blocks),
+                    BufferArg::from_raw_parts(a.split_i.clone(), 9 * inter_blocks),
+                    rows * d.inter,
                 );
             }
-            product(&b.split_i, 1, &l.down, Some(&b.h1), &b.h0).map_err(device_error)?;
+            let down = Product {
+                weight: &l.down,
+                add: Addend::Residual(&a.h1),
+                y: &a.h0,
+            };
+            products_per_row(&a.split_i, rows, &[down]).map_err(device_error)?;
             count += 8;
         }
-        rms_split(c, &b.h0, &self.norm, &b.split_h, d.hidden, d.eps);
+        Ok(count)
+    }
+
+    /// The final norm of row `row` of `x`, the LM head and the greedy choice at the device's
+    /// position, which advances; returns the launches.
+    fn head(&self, x: &Handle, row: usize) -> Result<usize, DeviceStepError> {
+        let d = self.dims;
+        let b = &self.buf;
+        let c = &self.client;
+        let split = &b.acts.split_h;
+        rms_split(c, x, &self.norm, split, d.hidden, row, 1);
+        let mut count = 1;
         for (w, first) in &self.head {
             let Some(block) = &b.block_logits else {
-                product(&b.split_h, 1, w, None, &b.logits).map_err(device_error)?;
+                product(split, 1, w, Addend::None, &b.logits).map_err(device_error)?;
                 count += 1;
                 continue;
             };
-            product(&b.split_h, 1, w, None, block).map_err(device_error)?;
+            product(split, 1, w, Addend::None, block).map_err(device_error)?;
             let n = w.out_features();
+            // SAFETY: `block` holds the widest head block's logits, `logits` `vocab`, and
+            // `first + n <= vocab`.
             unsafe {
                 kernels::copy_kernel::launch_unchecked(
                     c,
@@ -620,6 +766,8 @@ impl DeviceDecoder {
             }
             count += 2;
         }
+        // SAFETY: `logits` holds `vocab` f32, `ids` `capacity + 1` u32, `pos` and `prompt` one;
+        // the kernel writes `ids` only at `pos + 1 <= capacity`.
         unsafe {
             kernels::argmax_kernel::launch_unchecked(
                 c,
@@ -633,27 +781,36 @@ impl DeviceDecoder {
                 d.capacity,
             );
         }
-        count += 2;
-        self.launches = count;
-        Ok(count)
+        Ok(count + 1)
     }
 }
 
-/// RMSNorm of `x` by `w`, split into `out`.
-fn rms_split(c: &Client, x: &Handle, w: &CubeTensor, out: &Handle, n: usize, eps: f32) {
-    let blocks = n / 16;
-    // SAFETY: `x` and `w` hold `n` f32, `out` a split of `n` values (`9 * n / 16` words).
+/// RMSNorm `w` of rows `first_row..first_row + rows` of `x` (rows of `n` values), split into
+/// `out`.
+fn rms_split(
+    c: &Client,
+    x: &Handle,
+    w: &Norm,
+    out: &Handle,
+    n: usize,
+    first_row: usize,
+    rows: usize,
+) {
+    let blocks = rows * n / 16;
+    // SAFETY: `x` holds `first_row + rows` rows of `n` f32 and `w` `n` f32, `out` a split of
+    // `rows` rows (`9 * rows * n / 16` words); the kernel reads and writes within those.
     unsafe {
         kernels::rms_split_kernel::launch_unchecked(
             c,
-            CubeCount::Static(1, 1, 1),
+            CubeCount::Static(1, rows as u32, 1),
             CubeDim::new_1d(THREADS as u32),
-            BufferArg::from_raw_parts(x.clone(), n),
-            BufferArg::from_raw_parts(w.handle.clone(), n),
+            BufferArg::from_raw_parts(x.clone(), (first_row + rows) * n),
+            BufferArg::from_raw_parts(w.weight.handle.clone(), n),
             BufferArg::from_raw_parts(out.clone(), 2 * blocks),
             BufferArg::from_raw_parts(out.clone(), 9 * blocks),
             n,
-            eps,
+            w.eps,
+            first_row,
         );
     }
 }

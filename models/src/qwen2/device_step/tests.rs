@@ -2,7 +2,7 @@
 //! f64 reference computed here. Without an adapter they skip, unless
 //! `BURN_MAPPED_REQUIRE_GPU=1`.
 
-use burn::tensor::{Device, DeviceType, Tensor};
+use burn::tensor::Tensor;
 use burn_cubecl::cubecl;
 use burn_mapped::q8::direct::cube_float;
 use cubecl::client::Client;
@@ -13,16 +13,7 @@ use super::kernels::{self, THREADS};
 use crate::qwen2::rope;
 
 fn client() -> Option<Client> {
-    let required = std::env::var("BURN_MAPPED_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let Some(device) = Device::enumerate(DeviceType::Wgpu)
-        .into_vec()
-        .into_iter()
-        .next()
-    else {
-        assert!(!required, "BURN_MAPPED_REQUIRE_GPU=1 but no wgpu adapter");
-        eprintln!("no wgpu adapter: skipping (set BURN_MAPPED_REQUIRE_GPU=1 to fail)");
-        return None;
-    };
+    let device = burn_mapped_tests::gpu::wgpu_device()?;
     let probe = Tensor::<1>::from_floats([0.0], &device);
     Some(
         cube_float(&probe)
@@ -94,34 +85,39 @@ fn assert_split_close(got: &[(f64, f64)], want: &[f64], what: &str) {
 #[test]
 fn rms_split_is_the_norm_within_the_split() {
     let Some(c) = client() else { return };
-    // 56 blocks fit one pass of the cube's threads; 304 take two.
+    // 56 blocks fit one pass of the cube's threads; 304 take two. Three rows, of which the
+    // last two are normed (one cube each) into a split of two rows.
     for n in [896usize, 4864] {
-        let x: Vec<f32> = values(n, 1).iter().map(|v| 3.0 * v).collect();
+        let x: Vec<f32> = values(3 * n, 1).iter().map(|v| 3.0 * v).collect();
         let w: Vec<f32> = values(n, 2).iter().map(|v| 1.0 + 0.5 * v).collect();
         let eps = 1e-6f32;
-        let out = c.empty(9 * n / 16 * 4);
-        // SAFETY: `x`, `w` hold `n` f32 and `out` a split of `n` values.
+        let out = c.empty(2 * 9 * n / 16 * 4);
+        // SAFETY: `x` holds three rows of `n` f32, `w` `n` f32 and `out` a split of two rows.
         unsafe {
             kernels::rms_split_kernel::launch_unchecked(
                 &c,
-                CubeCount::Static(1, 1, 1),
+                CubeCount::Static(1, 2, 1),
                 CubeDim::new_1d(THREADS as u32),
-                BufferArg::from_raw_parts(upload(&c, &x), n),
+                BufferArg::from_raw_parts(upload(&c, &x), 3 * n),
                 BufferArg::from_raw_parts(upload(&c, &w), n),
-                BufferArg::from_raw_parts(out.clone(), 2 * n / 16),
-                BufferArg::from_raw_parts(out.clone(), 9 * n / 16),
+                BufferArg::from_raw_parts(out.clone(), 2 * 2 * n / 16),
+                BufferArg::from_raw_parts(out.clone(), 2 * 9 * n / 16),
                 n,
                 eps,
+                1,
             );
         }
-        let ms = x.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
-        let inv = 1.0 / (ms + f64::from(eps)).sqrt();
-        let want: Vec<f64> = x
-            .iter()
-            .zip(&w)
-            .map(|(&x, &w)| f64::from(x) * inv * f64::from(w))
+        let want: Vec<f64> = x[n..]
+            .chunks_exact(n)
+            .flat_map(|row| {
+                let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+                let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+                row.iter()
+                    .zip(&w)
+                    .map(move |(&x, &w)| f64::from(x) * inv * f64::from(w))
+            })
             .collect();
-        assert_split_close(&unsplit(&words(&c, &out), n), &want, "rms");
+        assert_split_close(&unsplit(&words(&c, &out), 2 * n), &want, "rms");
     }
 }
 
@@ -171,26 +167,20 @@ fn rotate(x: &[f32], d: usize, cos: &[f32], sin: &[f32]) -> Vec<f64> {
     out
 }
 
-#[test]
-fn attention_writes_the_cache_and_attends_over_the_prefix() {
-    let Some(c) = client() else { return };
-    let (heads, kv_heads, d, capacity, pos) = (4usize, 2usize, 64usize, 8usize, 5usize);
-    let group = heads / kv_heads;
-    let q = values(heads * d, 5);
-    let k = values(kv_heads * d, 6);
-    let v = values(kv_heads * d, 7);
-    // Cached positions before `pos` hold keys and values; the rest NaN, which a read past
-    // the prefix would carry into the output.
-    let cached = |seed| {
-        let mut all = values(kv_heads * capacity * d, seed);
-        for g in 0..kv_heads {
-            for p in pos..capacity {
-                all[(g * capacity + p) * d..][..d].fill(f32::NAN);
-            }
+/// A `[kv_heads, capacity, d]` cache of values from `seed` at positions before `from`, NaN
+/// from there on: a read past what a kernel may read carries NaN into its output.
+fn cache_before(seed: u64, kv_heads: usize, capacity: usize, d: usize, from: usize) -> Vec<f32> {
+    let mut all = values(kv_heads * capacity * d, seed);
+    for g in 0..kv_heads {
+        for p in from..capacity {
+            all[(g * capacity + p) * d..][..d].fill(f32::NAN);
         }
-        all
-    };
-    let (kc0, vc0) = (cached(8), cached(9));
+    }
+    all
+}
+
+/// RoPE's `cos` and `sin` for every position, `[capacity, d / 2]` each (the host step's).
+fn rope_tables(capacity: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
     let half = d / 2;
     let (mut cos, mut sin) = (vec![0f32; capacity * half], vec![0f32; capacity * half]);
     for p in 0..capacity {
@@ -202,6 +192,22 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
             &mut sin[p * half..][..half],
         );
     }
+    (cos, sin)
+}
+
+#[test]
+fn attention_writes_the_cache_and_attends_over_the_prefix() {
+    let Some(c) = client() else { return };
+    let (heads, kv_heads, d, capacity, pos) = (4usize, 2usize, 64usize, 8usize, 5usize);
+    let group = heads / kv_heads;
+    let q = values(heads * d, 5);
+    let k = values(kv_heads * d, 6);
+    let v = values(kv_heads * d, 7);
+    // Cached positions before `pos` hold keys and values; the rest NaN.
+    let kc0 = cache_before(8, kv_heads, capacity, d, pos);
+    let vc0 = cache_before(9, kv_heads, capacity, d, pos);
+    let half = d / 2;
+    let (cos, sin) = rope_tables(capacity, d);
     let (kc, vc) = (upload(&c, &kc0), upload(&c, &vc0));
     let out = c.empty(9 * heads * d / 16 * 4);
     let blocks = heads * d / 16;
@@ -227,6 +233,7 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
             d,
             group,
             heads,
+            false,
         );
     }
     let (cp, sp) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
@@ -317,4 +324,136 @@ fn argmax_takes_the_first_maximum_and_leaves_the_prompt() {
     // At the prompt's end: the choice, the first of the two maxima.
     let (ids, pos) = run(4, 5);
     assert_eq!((ids[5], pos), (300, 5));
+}
+
+#[test]
+fn prefill_writes_every_row_and_attends_causally() {
+    let Some(c) = client() else { return };
+    // Three prompt rows at positions 2..5 over a cache holding positions 0 and 1; the rest NaN,
+    // which a read past a row's own position would carry into its output.
+    let (heads, kv_heads, d, capacity) = (4usize, 2usize, 64usize, 8usize);
+    let (base, rows) = (2usize, 3usize);
+    let group = heads / kv_heads;
+    let q = values(rows * heads * d, 11);
+    let k = values(rows * kv_heads * d, 12);
+    let v = values(rows * kv_heads * d, 13);
+    let kc0 = cache_before(14, kv_heads, capacity, d, base);
+    let vc0 = cache_before(15, kv_heads, capacity, d, base);
+    let half = d / 2;
+    let (cos, sin) = rope_tables(capacity, d);
+    let (kc, vc) = (upload(&c, &kc0), upload(&c, &vc0));
+    let (qh, kh, vh) = (upload(&c, &q), upload(&c, &k), upload(&c, &v));
+    let (ch, sh) = (upload(&c, &cos), upload(&c, &sin));
+    let pos = upload_u32(&c, &[base as u32]);
+    let out = c.empty(rows * 9 * heads * d / 16 * 4);
+    let blocks = rows * heads * d / 16;
+    let scale = 1.0 / (d as f32).sqrt();
+    // SAFETY: every buffer holds what the kernels index for these shapes.
+    unsafe {
+        kernels::cache_write_kernel::launch_unchecked(
+            &c,
+            CubeCount::Static(kv_heads as u32, rows as u32, 1),
+            CubeDim::new_1d(d as u32),
+            BufferArg::from_raw_parts(kh.clone(), rows * kv_heads * d),
+            BufferArg::from_raw_parts(vh.clone(), rows * kv_heads * d),
+            BufferArg::from_raw_parts(ch.clone(), capacity * half),
+            BufferArg::from_raw_parts(sh.clone(), capacity * half),
+            BufferArg::from_raw_parts(pos.clone(), 1),
+            BufferArg::from_raw_parts(kc.clone(), kv_heads * capacity * d),
+            BufferArg::from_raw_parts(vc.clone(), kv_heads * capacity * d),
+            capacity,
+            d,
+        );
+        kernels::attention_kernel::launch_unchecked(
+            &c,
+            CubeCount::Static(heads as u32, rows as u32, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(qh, rows * heads * d),
+            BufferArg::from_raw_parts(kh, rows * kv_heads * d),
+            BufferArg::from_raw_parts(vh, rows * kv_heads * d),
+            BufferArg::from_raw_parts(ch, capacity * half),
+            BufferArg::from_raw_parts(sh, capacity * half),
+            BufferArg::from_raw_parts(pos, 1),
+            BufferArg::from_raw_parts(kc.clone(), kv_heads * capacity * d),
+            BufferArg::from_raw_parts(vc.clone(), kv_heads * capacity * d),
+            BufferArg::from_raw_parts(out.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(out.clone(), 9 * blocks),
+            capacity,
+            scale,
+            d,
+            group,
+            heads,
+            true,
+        );
+    }
+    let angles = |p: usize| (&cos[p * half..][..half], &sin[p * half..][..half]);
+    // Every position's key (rotated at its position) and value, from the cache or the rows.
+    let mut keys = vec![vec![0f64; kv_heads * d]; base + rows];
+    let mut vals = vec![vec![0f64; kv_heads * d]; base + rows];
+    for p in 0..base + rows {
+        for g in 0..kv_heads {
+            for i in 0..d {
+                let at = (g * capacity + p) * d + i;
+                keys[p][g * d + i] = f64::from(kc0[at]);
+                vals[p][g * d + i] = f64::from(vc0[at]);
+            }
+        }
+    }
+    for t in 0..rows {
+        let p = base + t;
+        let (cp, sp) = angles(p);
+        keys[p] = rotate(&k[t * kv_heads * d..][..kv_heads * d], d, cp, sp);
+        vals[p] = v[t * kv_heads * d..][..kv_heads * d]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+    }
+    let (kc1, vc1) = (floats(&c, &kc), floats(&c, &vc));
+    for p in 0..capacity {
+        for g in 0..kv_heads {
+            for i in 0..d {
+                let at = (g * capacity + p) * d + i;
+                if p < base + rows {
+                    let key = keys[p][g * d + i];
+                    let close = (f64::from(kc1[at]) - key).abs() <= 1e-6 * key.abs().max(1.0);
+                    assert!(close, "key {p}/{g}/{i}: {} against {key}", kc1[at]);
+                    assert_eq!(f64::from(vc1[at]), vals[p][g * d + i], "value {p}/{g}/{i}");
+                } else {
+                    assert!(
+                        kc1[at].is_nan() && vc1[at].is_nan(),
+                        "position {p} untouched"
+                    );
+                }
+            }
+        }
+    }
+    let mut want = vec![0f64; rows * heads * d];
+    for t in 0..rows {
+        let p = base + t;
+        let (cp, sp) = angles(p);
+        let q_now = rotate(&q[t * heads * d..][..heads * d], d, cp, sp);
+        for h in 0..heads {
+            let g = h / group;
+            let scores: Vec<f64> = (0..=p)
+                .map(|j| {
+                    let key = &keys[j][g * d..][..d];
+                    (0..d).map(|i| q_now[h * d + i] * key[i]).sum::<f64>() * f64::from(scale)
+                })
+                .collect();
+            let top = scores.iter().copied().fold(f64::MIN, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for i in 0..d {
+                want[(t * heads + h) * d + i] = (0..=p)
+                    .map(|j| weights[j] * vals[j][g * d + i])
+                    .sum::<f64>()
+                    / total;
+            }
+        }
+    }
+    assert_split_close(
+        &unsplit(&words(&c, &out), rows * heads * d),
+        &want,
+        "prefill attention",
+    );
 }
