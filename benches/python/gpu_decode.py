@@ -7,7 +7,16 @@ same GGUF, the arms alternating within each round (their order rotating by round
 Per burn-mapped run: decode tok/s (tokens after the first over the time after it), time to the
 first token and model-ready time (in-process), and for the device step its launches per token,
 whether the step replays a recorded graph, and the host's time per token spent enqueuing steps.
-Per llama-bench run: its tok/s (`avg_ts`). Prints one JSON object (also to --json: raw records, per-arm median/min/max, ratios to
+Per llama-bench run: its tok/s (`avg_ts`).
+
+First token, per arm and round: a process that loads the model and runs the prompt once.
+burn-mapped: `generate --max-tokens 1` (its wall time, and in-process the time from a ready
+model to the first token: the prompt's prefill). llama.cpp: `llama-bench -p P -n 0 -r 1
+--no-warmup` with P the chat prompt's token count (its wall time, and the prompt's time from its
+`avg_ts`). Both processes start cold on a warm page cache. Then the same for a long plain
+prompt (the sentence repeated `--long-prompt` times) through the device step and llama.cpp.
+
+Prints one JSON object (also to --json: raw records, per-arm median/min/max, ratios to
 llama.cpp's best arm) and a table.
 
   python3 benches/python/gpu_decode.py --bin ./burn-mapped --llama-bench ./llama-bench \
@@ -24,13 +33,14 @@ import time
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-def run_burn(args, dtype, device_step):
+def run_burn(args, dtype, device_step, prompt=None):
+    """`prompt` None: the chat prompt; else this text without the chat template."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
         "--placement", "resident", "--dtype", dtype, "--max-tokens", str(args.tokens),
-        "--ignore-eos", "--json", "--chat", "--prompt", PROMPT,
-        "--cache-dir", args.cache_dir,
+        "--ignore-eos", "--json", "--cache-dir", args.cache_dir,
     ]
+    cmd += ["--chat", "--prompt", PROMPT] if prompt is None else ["--prompt", prompt]
     if not device_step:
         cmd.append("--no-device-step")
     t0 = time.perf_counter()
@@ -53,13 +63,32 @@ def run_burn(args, dtype, device_step):
     }
 
 
-def run_llama(args, fa):
-    cmd = [args.llama_bench, "-m", args.gguf, "-ngl", "99", "-p", "0", "-n", str(args.tokens),
+def run_llama(args, fa, prompt=0, tokens=None, warmup=True):
+    cmd = [args.llama_bench, "-m", args.gguf, "-ngl", "99", "-p", str(prompt),
+           "-n", str(args.tokens if tokens is None else tokens),
            "-fa", str(fa), "-r", "1", "-o", "json"]
+    if not warmup:
+        cmd.append("--no-warmup")
+    t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}\n{p.stderr[-4000:]}")
-    return json.loads(p.stdout)
+    return json.loads(p.stdout), wall
+
+
+def first_token(args, arm, prompt_tokens, text=None):
+    """One cold process to the first token: wall ms, and the prompt's own ms. `text`: a plain
+    prompt instead of the chat prompt (`prompt_tokens` its length)."""
+    if arm.startswith("llama"):
+        rows, wall = run_llama(args, int(arm[-1]), prompt=prompt_tokens, tokens=0, warmup=False)
+        pp = next(x for x in rows if x.get("n_prompt", 0) > 0)
+        return {"wall_ms": wall * 1e3, "prompt_ms": prompt_tokens / pp["avg_ts"] * 1e3,
+                "prompt_tokens": prompt_tokens}
+    one = argparse.Namespace(**{**vars(args), "tokens": 1})
+    rec = run_burn(one, arm.split("-")[0], arm.endswith("step"), prompt=text)
+    return {"wall_ms": rec["wall_s"] * 1e3, "prompt_ms": rec["ttft_ms"] - rec["model_ready_ms"],
+            "prompt_tokens": rec["prompt_tokens"]}
 
 
 def stats(values):
@@ -80,6 +109,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--arms", default="q8-step,q8-ops,f32-ops,llama-fa0,llama-fa1")
     p.add_argument("--cache-dir", default="/tmp/bm-cache")
+    p.add_argument("--long-prompt", type=int, default=40,
+                   help="first token also for the sentence repeated this many times (0: not)")
     p.add_argument("--json")
     args = p.parse_args()
     arms = args.arms.split(",")
@@ -90,12 +121,27 @@ def main():
             cmd_args = argparse.Namespace(**{**vars(args), "tokens": 2})
             run_burn(cmd_args, dtype, arm.endswith("step"))
     records = {arm: [] for arm in arms}
+    firsts = {arm: [] for arm in arms}
+    firsts_long = {arm: [] for arm in arms}
+    # The chat prompt's length in tokens, for llama.cpp's prompt runs.
+    burn_arm = next((a for a in arms if not a.startswith("llama")), None)
+    prompt_tokens = None
+    if burn_arm:
+        one = argparse.Namespace(**{**vars(args), "tokens": 1})
+        prompt_tokens = run_burn(one, burn_arm.split("-")[0], burn_arm.endswith("step"))[
+            "prompt_tokens"]
+    # A long plain prompt (the sentence repeated), for the step's prefill against llama.cpp's.
+    long_text, long_tokens = None, None
+    if args.long_prompt and "q8-step" in arms:
+        long_text = " ".join([PROMPT] * args.long_prompt)
+        one = argparse.Namespace(**{**vars(args), "tokens": 1})
+        long_tokens = run_burn(one, "q8", True, prompt=long_text)["prompt_tokens"]
     for r in range(args.rounds):
         order = arms[r % len(arms):] + arms[:r % len(arms)]
         for arm in order:
             if arm.startswith("llama"):
                 fa = int(arm[-1])
-                rows = run_llama(args, fa)
+                rows, _ = run_llama(args, fa)
                 tg = next(x for x in rows if x.get("n_gen", 0) > 0)
                 rec = {"tok_s": tg["avg_ts"], "build": tg.get("build_commit"),
                        "flash_attn": tg.get("flash_attn")}
@@ -104,10 +150,27 @@ def main():
                 rec = run_burn(args, dtype, arm.endswith("step"))
             records[arm].append(rec)
             print(f"round {r} {arm}: {rec['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+        if prompt_tokens:
+            for arm in order:
+                ft = first_token(args, arm, prompt_tokens)
+                firsts[arm].append(ft)
+                print(f"round {r} {arm}: first token {ft['wall_ms']:.0f} ms "
+                      f"(prompt {ft['prompt_ms']:.1f} ms)", file=sys.stderr, flush=True)
+        if long_tokens:
+            for arm in order:
+                if arm.startswith("llama") or arm == "q8-step":
+                    ft = first_token(args, arm, long_tokens, text=long_text)
+                    firsts_long[arm].append(ft)
+                    print(f"round {r} {arm}: first token of {long_tokens} {ft['wall_ms']:.0f} ms "
+                          f"(prompt {ft['prompt_ms']:.1f} ms)", file=sys.stderr, flush=True)
     summary = {}
     for arm, recs in records.items():
         summary[arm] = {k: stats([x.get(k) for x in recs])
                         for k in ("tok_s", "ttft_ms", "model_ready_ms", "host_us_per_token")}
+        summary[arm]["first_token"] = {k: stats([x[k] for x in firsts[arm]])
+                                       for k in ("wall_ms", "prompt_ms")}
+        summary[arm]["first_token_long"] = {k: stats([x[k] for x in firsts_long[arm]])
+                                            for k in ("wall_ms", "prompt_ms")}
         summary[arm]["launches_per_token"] = recs[0].get("launches_per_token")
         summary[arm]["decode_path"] = recs[0].get("decode_path")
     llama = [summary[a]["tok_s"]["median"] for a in arms if a.startswith("llama")]
@@ -119,7 +182,9 @@ def main():
         same["q8_step_vs_ops_equal_prefix"] = next(
             (i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     out = {"tokens": args.tokens, "rounds": args.rounds, "gguf": args.gguf,
-           "records": records, "summary": summary, "ratios_to_llama_cpp_best": ratios, **same}
+           "prompt_tokens": prompt_tokens, "long_prompt_tokens": long_tokens,
+           "records": records, "first_token": firsts, "first_token_long": firsts_long,
+           "summary": summary, "ratios_to_llama_cpp_best": ratios, **same}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -133,6 +198,18 @@ def main():
         ratio = ratios.get(arm, float("nan"))
         launches = str(s["launches_per_token"] or "")
         print(f"{arm:10} {span:28} {ratio:6.2f} {launches:>9} {host:>12}")
+    for key, n in (("first_token", prompt_tokens), ("first_token_long", long_tokens)):
+        if not n:
+            continue
+        print(f"\nfirst token, {n}-token prompt, one cold process")
+        print(f"{'arm':10} {'wall ms median (min-max)':28} {'prompt ms median (min-max)':28}")
+        for arm in arms:
+            f = summary[arm][key]
+            if not f["wall_ms"]:
+                continue
+            w, q = f["wall_ms"], f["prompt_ms"]
+            print(f"{arm:10} {w['median']:8.0f} ({w['min']:.0f}-{w['max']:.0f}){'':10} "
+                  f"{q['median']:8.1f} ({q['min']:.1f}-{q['max']:.1f})")
 
 if __name__ == "__main__":
     main()
