@@ -573,20 +573,16 @@ impl DeviceDecoder {
     fn prefill(&mut self, n: usize) -> Result<(), DeviceStepError> {
         let rows = self.prefill_rows.min(n);
         let acts = Acts::new(&self.client, &self.dims, rows);
-        let mut start = 0;
-        let mut last = 0;
-        while start < n {
+        for start in (0..n).step_by(rows) {
             let t = rows.min(n - start);
             self.client.write(&self.buf.pos, u32_bytes(start as u32));
             self.embed(&acts, t);
             self.layers(&acts, t, true)?;
-            start += t;
-            last = t - 1;
         }
-        // The choice at the prompt's last position writes the first new token and moves the
-        // position past the prompt.
+        // The choice at the prompt's last position (row `(n - 1) % rows` of the last pass)
+        // writes the first new token and moves the position past the prompt.
         self.client.write(&self.buf.pos, u32_bytes(n as u32 - 1));
-        self.head(&acts.h0, last)?;
+        self.head(&acts.h0, (n - 1) % rows)?;
         Ok(())
     }
 
