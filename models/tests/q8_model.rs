@@ -193,7 +193,7 @@ fn the_float_init_is_unchanged_without_q8_tensors() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn the_device_step_decodes_the_q8_model_as_the_host_does() {
-    use burn_mapped_models::qwen2::{DeviceDecoder, Sampler};
+    use burn_mapped_models::qwen2::{DeviceDecoder, Sampler, Sampling};
     let Some(gpu) = burn_mapped_tests::gpu::wgpu_device() else {
         return;
     };
@@ -223,7 +223,9 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
             .expect("takes the q8 model")
             .with_prefill_rows(rows);
         assert_eq!(
-            first.generate(&prompt, 1, &[], |_| {}).unwrap(),
+            first
+                .generate(&prompt, 1, &mut Sampler::greedy(), &[], |_| {})
+                .unwrap(),
             expected[..1]
         );
         let err = relative_error(&first.logits().unwrap(), &want);
@@ -246,7 +248,7 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         };
         let mut seen = Vec::new();
         let got = decoder
-            .generate(&prompt, NEW, &[], |t| seen.push(t))
+            .generate(&prompt, NEW, &mut Sampler::greedy(), &[], |t| seen.push(t))
             .unwrap();
         assert_eq!(got, expected, "recorded: {record}, passes of {rows}");
         assert_eq!(seen, expected);
@@ -264,4 +266,31 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         .generate(&prompt, NEW, &mut Sampler::greedy(), &[stop])
         .unwrap();
     assert_eq!(got, expected[..4]);
+
+    // Top-p on the device: one seed, the host's tokens (the draws are the host sampler's, the
+    // nucleus walked in the same order), and the sampler's stream left where the host's is.
+    for (seed, temperature, top_p) in [(1, 1.0, 0.9), (2, 0.7, 0.5), (3, 1.5, 1.0)] {
+        let rule = Sampling::TopP {
+            temperature,
+            top_p,
+            seed,
+        };
+        let mut on_host = Sampler::new(rule).unwrap();
+        let mut on_device = Sampler::new(rule).unwrap();
+        let want = host.generate(&prompt, NEW, &mut on_host, &[]).unwrap();
+        let mut decoder = DeviceDecoder::new(&device, prompt.len() + NEW).unwrap();
+        let got = decoder
+            .generate(&prompt, NEW, &mut on_device, &[], |_| {})
+            .unwrap();
+        assert_eq!(got, want, "top-p, seed {seed}");
+        assert!(decoder.is_recorded());
+        let row: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let next =
+            |s: &mut Sampler| -> Vec<u32> { (0..8).map(|_| s.sample(&row).unwrap()).collect() };
+        assert_eq!(
+            next(&mut on_device),
+            next(&mut on_host),
+            "the stream after top-p, seed {seed}"
+        );
+    }
 }

@@ -291,16 +291,16 @@ impl Qwen2ForCausalLM {
         self
     }
 
-    /// This model with greedy generation's device step on or off. On (the default), greedy
+    /// This model with generation's device step on or off. On (the default),
     /// [`generate`](Self::generate) of a q8 model on a CubeCL device runs each token as one
-    /// recorded graph of the step's own kernels, with the choice made on the device; off, it
-    /// runs as tensor ops. Both compute the same function.
+    /// recorded graph of the step's own kernels, with the choice (greedy or top-p) made on the
+    /// device; off, it runs as tensor ops. Both compute the same function.
     pub fn with_device_step(mut self, enabled: bool) -> Self {
         self.model.device_step = enabled;
         self
     }
 
-    /// Whether greedy generation may take the device step.
+    /// Whether generation may take the device step.
     #[cfg(feature = "wgpu")]
     pub(crate) fn device_step(&self) -> bool {
         self.model.device_step

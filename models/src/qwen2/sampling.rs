@@ -114,15 +114,25 @@ impl Sampler {
                 break;
             }
         }
+        // The draw walks the nucleus in id order, as the device step's sampler does (it does
+        // not sort): one seed then gives both paths the same tokens.
+        let members = &mut order[..nucleus];
+        members.sort_unstable();
         let mut target = self.rng.next_f64() * kept;
-        for &id in &order[..nucleus] {
+        for &id in members.iter() {
             target -= weights[id as usize];
             if target < 0.0 {
                 return id;
             }
         }
         // Rounding left `target` at or just above zero: the last kept token.
-        order[nucleus - 1]
+        members[nucleus - 1]
+    }
+
+    /// The next draw in `[0, 1)` of this sampler's stream: what [`sample`](Self::sample)
+    /// would use for its next token, for a sampler that runs elsewhere (the device step).
+    pub(super) fn draw(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 }
 
@@ -211,10 +221,16 @@ impl Qwen2ForCausalLM {
             return Ok(generated);
         }
         #[cfg(feature = "wgpu")]
-        if sampler.rule() == Sampling::Greedy && self.device_step() {
+        if self.device_step() {
             let capacity = prompt.len() + max_new_tokens - 1;
             if let Some(mut decoder) = super::DeviceDecoder::new(self, capacity) {
-                return Ok(decoder.generate(prompt, max_new_tokens, stop_tokens, on_token)?);
+                return Ok(decoder.generate(
+                    prompt,
+                    max_new_tokens,
+                    sampler,
+                    stop_tokens,
+                    on_token,
+                )?);
             }
         }
         let device = self.model.embed_tokens.weight.lazy_device();

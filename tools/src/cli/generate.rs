@@ -45,8 +45,8 @@ pub struct GenerateArgs {
     /// most the model's context.
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Decode through tensor ops where the device step would run (greedy decoding of a q8
-    /// store on a GPU), for comparisons.
+    /// Decode through tensor ops where the device step would run (a q8 store on a GPU), for
+    /// comparisons.
     #[arg(long)]
     pub no_device_step: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
@@ -265,15 +265,14 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
     };
     let mut on_token = on_token;
-    let greedy = sampler.rule() == Sampling::Greedy;
     let step = DeviceRun {
-        wanted: greedy && !args.no_device_step,
+        wanted: !args.no_device_step,
         ctx,
         prompt: &prompt_ids,
         max_tokens: args.max_tokens,
         stop,
     };
-    let (generated, path) = match step.run(&loaded.model, &mut on_token)? {
+    let (generated, path) = match step.run(&loaded.model, &mut sampler, &mut on_token)? {
         Some(done) => done,
         None => {
             let model = loaded.model.clone().with_device_step(false);
@@ -343,7 +342,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A greedy generation the device step may take.
+/// A generation the device step may take.
 struct DeviceRun<'a> {
     wanted: bool,
     ctx: usize,
@@ -359,6 +358,7 @@ impl DeviceRun<'_> {
     fn run(
         &self,
         model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
+        sampler: &mut Sampler,
         on_token: impl FnMut(u32),
     ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
         use burn_mapped_models::qwen2::DeviceDecoder;
@@ -369,7 +369,8 @@ impl DeviceRun<'_> {
         else {
             return Ok(None);
         };
-        let generated = decoder.generate(self.prompt, self.max_tokens, self.stop, on_token)?;
+        let generated =
+            decoder.generate(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
         let path = DecodePath {
             name: if decoder.is_recorded() {
                 "device step (recorded)"
@@ -387,6 +388,7 @@ impl DeviceRun<'_> {
     fn run(
         &self,
         _model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
+        _sampler: &mut Sampler,
         _on_token: impl FnMut(u32),
     ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
         let _ = (

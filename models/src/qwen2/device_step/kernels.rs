@@ -355,15 +355,12 @@ pub(super) fn copy_kernel(src: &[f32], dst: &mut [f32], first: usize, n: usize) 
 }
 
 /// The greedy choice over `logits` (`n` values; the first of equal maxima, NaN never
-/// chosen), then the step's bookkeeping: position `pos + 1` takes the choice unless the
-/// prompt still holds a token there (`prompt[0]` tokens), and the position advances. One cube
-/// of [`THREADS`].
+/// chosen), then the step's bookkeeping ([`advance`]). One cube of [`THREADS`].
 #[cube(launch_unchecked)]
 pub(super) fn argmax_kernel(
     logits: &[f32],
     ids: &mut [u32],
     pos: &mut [u32],
-    prompt: &[u32],
     n: usize,
     capacity: usize,
 ) {
@@ -397,11 +394,295 @@ pub(super) fn argmax_kernel(
                 chosen = at_j;
             }
         }
-        si[0] = chosen;
-        let next = pos[0] + 1;
-        if next >= prompt[0] && (next as usize) <= capacity {
-            ids[next as usize] = si[0];
+        advance(ids, pos, chosen, capacity);
+    }
+}
+
+/// A step's last act: `choice` becomes the id of position `pos + 1` (within the cache) and the
+/// position advances. One thread runs it.
+#[cube]
+fn advance(ids: &mut [u32], pos: &mut [u32], choice: u32, capacity: usize) {
+    let next = pos[0] + 1;
+    if (next as usize) <= capacity {
+        ids[next as usize] = choice;
+    }
+    pos[0] = next;
+}
+
+/// The sum over the cube of every thread's `local`, the same in every thread: all add the
+/// partial sums in one order.
+#[cube]
+fn cube_sum(local: f32, shared: &mut Shared<[f32]>) -> f32 {
+    let tid = UNIT_POS as usize;
+    shared[tid] = local;
+    sync_cube();
+    let mut total = 0.0f32;
+    for j in 0..THREADS {
+        total += shared[j];
+    }
+    sync_cube();
+    total
+}
+
+/// The least of every thread's `local` over the cube, the same in every thread.
+#[cube]
+fn cube_min(local: u32, shared: &mut Shared<[u32]>) -> u32 {
+    shared[UNIT_POS as usize] = local;
+    sync_cube();
+    let mut least = shared[0];
+    for j in 1..THREADS {
+        least = u32::min(least, shared[j]);
+    }
+    sync_cube();
+    least
+}
+
+/// The greatest of every thread's `local` over the cube, the same in every thread.
+#[cube]
+fn cube_max(local: u32, shared: &mut Shared<[u32]>) -> u32 {
+    shared[UNIT_POS as usize] = local;
+    sync_cube();
+    let mut most = shared[0];
+    for j in 1..THREADS {
+        most = u32::max(most, shared[j]);
+    }
+    sync_cube();
+    most
+}
+
+/// Nucleus sampling over `logits` (`n` values) with temperature `1 / inv_temperature`, then the
+/// step's bookkeeping ([`advance`]); the draw in `[0, 1)` is `draws[pos + 1]`, written by the
+/// host. A NaN or infinite logit chooses nothing (`n`). One cube of [`THREADS`].
+///
+/// The rule is [`Sampler`](crate::qwen2::Sampler)'s: the weights `exp((x - max) / T)`; the
+/// nucleus is the fewest most likely tokens (ties by the lower id) whose weight reaches
+/// `top_p` of the total; the draw picks from the nucleus in id order. Without sorting:
+/// - Candidates: the tokens whose weight is at least `(total - goal) / 2n`. All the others
+///   together weigh less than `total - goal`, so the nucleus has none of them. They are copied
+///   out in id order (`cand`, `cand_ids`): on a language model's logits a few thousand of the
+///   vocabulary, every token only where `top_p` is 1.
+/// - The nucleus's smallest weight: weights are non-negative, so their bit patterns order as
+///   they do, and a bisection over the bit patterns (30 passes over the candidates) finds the
+///   largest `k` whose weights `>= k` reach the goal.
+/// - The walks in id order (ties at `k`, then the draw) give each thread a contiguous run of
+///   the candidates, so it needs only the sums of the runs before its own.
+#[cube(launch_unchecked)]
+// Index loops and the spelled-out `div_ceil`: what the `#[cube]` expansion takes.
+#[allow(
+    clippy::too_many_arguments,
+    clippy::needless_range_loop,
+    clippy::manual_div_ceil
+)]
+pub(super) fn top_p_kernel(
+    logits: &[f32],
+    weights: &mut [f32],
+    cand: &mut [f32],
+    cand_ids: &mut [u32],
+    draws: &[f32],
+    ids: &mut [u32],
+    pos: &mut [u32],
+    n: usize,
+    capacity: usize,
+    inv_temperature: f32,
+    top_p: f32,
+) {
+    let tid = UNIT_POS as usize;
+    let mut sf = Shared::<[f32]>::new_slice(THREADS);
+    let mut sg = Shared::<[f32]>::new_slice(THREADS);
+    let mut su = Shared::<[u32]>::new_slice(THREADS);
+
+    // The passes without an order stride by the cube (coalesced).
+    let mut local = LOWEST.runtime();
+    let mut i = tid;
+    while i < n {
+        local = f32::max(local, logits[i]);
+        i += THREADS;
+    }
+    sf[tid] = local;
+    sync_cube();
+    let mut top = LOWEST.runtime();
+    for j in 0..THREADS {
+        top = f32::max(top, sf[j]);
+    }
+    sync_cube();
+    let mut local = 0.0f32;
+    let mut i = tid;
+    while i < n {
+        let w = f32::exp((logits[i] - top) * inv_temperature);
+        weights[i] = w;
+        local += w;
+        i += THREADS;
+    }
+    let total = cube_sum(local, &mut sf);
+    let goal = top_p * total;
+    let floor = (total - goal) * 0.5f32 / f32::cast_from(n);
+    // The copy below reads contiguous runs of weights that other threads wrote.
+    sync_storage();
+
+    let chunk = (n + THREADS - 1) / THREADS;
+    let mut begin = tid * chunk;
+    if begin > n {
+        begin = n;
+    }
+    let mut end = begin + chunk;
+    if end > n {
+        end = n;
+    }
+    let mut count = 0u32;
+    for i in begin..end {
+        if weights[i] >= floor {
+            count += 1;
         }
-        pos[0] = next;
+    }
+    su[tid] = count;
+    sync_cube();
+    let mut at = 0usize;
+    let mut c = 0usize;
+    for j in 0..THREADS {
+        let m = su[j] as usize;
+        c += m;
+        if j < tid {
+            at += m;
+        }
+    }
+    sync_cube();
+    for i in begin..end {
+        let w = weights[i];
+        if w >= floor {
+            cand[at] = w;
+            cand_ids[at] = u32::cast_from(i);
+            at += 1;
+        }
+    }
+    sync_storage();
+
+    // Invariant: the weights `>= lo` reach the goal, those `>= hi` do not (1.0 is 0x3F80_0000).
+    // With `top_p` 1 every token is in: no search (`k` 0).
+    let mut searched = c;
+    if top_p >= 1.0 {
+        searched = 0;
+    }
+    let mut lo = 0u32;
+    let mut hi = 0x3F80_0001u32;
+    for _ in 0..30u32 {
+        let mid = (lo + hi) / 2;
+        let mut local = 0.0f32;
+        let mut j = tid;
+        while j < searched {
+            let w = cand[j];
+            if u32::reinterpret(w) >= mid {
+                local += w;
+            }
+            j += THREADS;
+        }
+        if cube_sum(local, &mut sf) >= goal {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let k = lo;
+
+    let cchunk = (c + THREADS - 1) / THREADS;
+    let mut cbegin = tid * cchunk;
+    if cbegin > c {
+        cbegin = c;
+    }
+    let mut cend = cbegin + cchunk;
+    if cend > c {
+        cend = c;
+    }
+    // Weights above `k` are in; those equal to `k` join in id order until the goal is reached.
+    let mut above = 0.0f32;
+    let mut tied = 0.0f32;
+    for j in cbegin..cend {
+        let w = cand[j];
+        let b = u32::reinterpret(w);
+        if b > k {
+            above += w;
+        } else if b == k {
+            tied += w;
+        }
+    }
+    sf[tid] = above;
+    sg[tid] = tied;
+    sync_cube();
+    let mut run = 0.0f32;
+    for j in 0..THREADS {
+        run += sf[j];
+    }
+    for j in 0..tid {
+        run += sg[j];
+    }
+    let mut last = n;
+    for j in cbegin..cend {
+        let w = cand[j];
+        if u32::reinterpret(w) == k && last == n {
+            run += w;
+            if run >= goal {
+                last = cand_ids[j] as usize;
+            }
+        }
+    }
+    // The first tie at which the goal is reached, over all runs (none: rounding, every tie).
+    let last_tie = cube_min(u32::cast_from(last), &mut su) as usize;
+
+    let mut own = 0.0f32;
+    for j in cbegin..cend {
+        let w = cand[j];
+        let b = u32::reinterpret(w);
+        if b > k || (b == k && cand_ids[j] as usize <= last_tie) {
+            own += w;
+        }
+    }
+    sf[tid] = own;
+    sync_cube();
+    let mut kept = 0.0f32;
+    let mut before = 0.0f32;
+    for j in 0..THREADS {
+        let s = sf[j];
+        kept += s;
+        if j < tid {
+            before += s;
+        }
+    }
+    sync_cube();
+    let next = pos[0] as usize + 1;
+    let mut draw = 0.0f32;
+    if next <= capacity {
+        draw = draws[next] * kept;
+    }
+    // The member at which the running weight passes the draw, searched by the runs that start
+    // at or below it; the lowest id found wins. Rounding may leave none: the last member.
+    let mut chosen = n;
+    let mut last_member = 0usize;
+    let mut run = before;
+    for j in cbegin..cend {
+        let w = cand[j];
+        let b = u32::reinterpret(w);
+        let id = cand_ids[j] as usize;
+        if b > k || (b == k && id <= last_tie) {
+            last_member = id;
+            if chosen == n && before <= draw {
+                run += w;
+                if run > draw {
+                    chosen = id;
+                }
+            }
+        }
+    }
+    let first = cube_min(u32::cast_from(chosen), &mut su) as usize;
+    let fallback = cube_max(u32::cast_from(last_member), &mut su) as usize;
+    if tid == 0 {
+        let mut choice = first;
+        if choice == n {
+            choice = fallback;
+        }
+        // NaN fails both comparisons; an infinite logit makes the total NaN.
+        let finite = total > 0.0 && total <= 3.4e38;
+        if !finite {
+            choice = n;
+        }
+        advance(ids, pos, u32::cast_from(choice), capacity);
     }
 }

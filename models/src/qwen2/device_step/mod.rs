@@ -1,4 +1,4 @@
-//! Greedy decoding of one sequence on a CubeCL device, each token one recorded graph.
+//! Decoding of one sequence on a CubeCL device, each token one recorded graph.
 //!
 //! Through Burn's ops a decode step on a GPU is bound by the host: every op passes Burn's
 //! dispatch, Fusion and CubeCL's launch path, and allocates its result, for a few microseconds
@@ -9,8 +9,9 @@
 //! residual, the norm, gate and up in one launch, SiLU·mul fused with its split, and the down
 //! projection adding the residual)
 //! whose kernels read the position from the device, so no launch argument changes between
-//! tokens. The greedy choice runs on the device too and writes the next token's id where the
-//! next step reads it: the host only reads ids back.
+//! tokens. The choice runs on the device too, greedy or top-p (the host writes the sampler's
+//! draws once, by position), and writes the next token's id where the next step reads it: the
+//! host only reads ids back.
 //!
 //! That makes the step recordable: the first step runs as launches while CubeCL prepares a
 //! capture, the second is recorded (`Client::start_capture`), and every later step replays the
@@ -49,6 +50,7 @@ use cubecl::server::Handle;
 use super::model::{Qwen2ForCausalLM, RmsNorm};
 use super::projection::Projection;
 use super::rope;
+use super::sampling::{Sampler, Sampling};
 use kernels::THREADS;
 
 /// Why the device step stopped.
@@ -153,9 +155,36 @@ struct Buffers {
     /// Token ids by position: the prompt, then the choices; `capacity + 1` of them.
     ids: Handle,
     pos: Handle,
-    prompt: Handle,
+    /// Top-p's draw in `[0, 1)` for the token at each position, `capacity + 1` of them.
+    draws: Handle,
+    /// Top-p's scratch, one word per vocabulary entry each: the weights, the candidates' weights
+    /// and their ids.
+    weights: Handle,
+    cand: Handle,
+    cand_ids: Handle,
     cos: Handle,
     sin: Handle,
+}
+
+/// How the step chooses the next token: a launch argument of its last kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Choice {
+    Greedy,
+    TopP { inv_temperature: f32, top_p: f32 },
+}
+
+impl Choice {
+    fn of(rule: Sampling) -> Self {
+        match rule {
+            Sampling::Greedy => Self::Greedy,
+            Sampling::TopP {
+                temperature, top_p, ..
+            } => Self::TopP {
+                inv_temperature: (1.0 / temperature) as f32,
+                top_p: top_p as f32,
+            },
+        }
+    }
 }
 
 /// How a step runs: recorded once and replayed, or launched each time.
@@ -169,7 +198,7 @@ enum Mode {
     Launch,
 }
 
-/// Greedy decoding of one sequence on a CubeCL device (see the module documentation).
+/// Decoding of one sequence on a CubeCL device (see the module documentation).
 pub struct DeviceDecoder {
     client: Client,
     layers: Vec<Layer>,
@@ -181,6 +210,8 @@ pub struct DeviceDecoder {
     dims: Dims,
     buf: Buffers,
     mode: Mode,
+    /// The choice the step launches with (a recording holds it).
+    choice: Choice,
     /// Launches per step (for reports).
     launches: usize,
     /// The most prompt positions one prefill pass takes.
@@ -372,7 +403,10 @@ impl DeviceDecoder {
             block_logits: (head.len() > 1).then(|| f32s(widest)),
             ids: f32s(capacity + 1),
             pos: f32s(1),
-            prompt: f32s(1),
+            draws: f32s(capacity + 1),
+            weights: f32s(vocab),
+            cand: f32s(vocab),
+            cand_ids: f32s(vocab),
             cos: client.create_from_slice(f32::as_bytes(&cos)),
             sin: client.create_from_slice(f32::as_bytes(&sin)),
         };
@@ -385,6 +419,7 @@ impl DeviceDecoder {
             dims,
             buf,
             mode: Mode::Fresh,
+            choice: Choice::Greedy,
             launches: 0,
             prefill_rows: PREFILL_ROWS,
             host: std::time::Duration::ZERO,
@@ -444,8 +479,11 @@ impl DeviceDecoder {
             .collect())
     }
 
-    /// Greedy continuation of `prompt`: up to `max_new_tokens` ids, stopping after the first
-    /// of `stop_tokens`; `on_token` sees each id as it is read back.
+    /// The continuation of `prompt` that `sampler` chooses: up to `max_new_tokens` ids,
+    /// stopping after the first of `stop_tokens`; `on_token` sees each id as it is read back.
+    /// A top-p sampler's stream advances by one draw per returned token, as on the host, and
+    /// one seed gives the host's tokens (up to `f32` rounding where a draw or the nucleus's
+    /// edge falls within it).
     ///
     /// # Errors
     ///
@@ -455,6 +493,7 @@ impl DeviceDecoder {
         &mut self,
         prompt: &[u32],
         max_new_tokens: usize,
+        sampler: &mut Sampler,
         stop_tokens: &[u32],
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, DeviceStepError> {
@@ -481,10 +520,25 @@ impl DeviceDecoder {
                 capacity: self.dims.capacity,
             });
         }
+        let choice = Choice::of(sampler.rule());
+        if choice != self.choice && matches!(self.mode, Mode::Recorded(_)) {
+            // The recording holds the other choice; a stream records once.
+            self.mode = Mode::Launch;
+        }
+        self.choice = choice;
+        if matches!(choice, Choice::TopP { .. }) {
+            let mut ahead = sampler.clone();
+            let mut draws = vec![0f32; self.dims.capacity + 1];
+            // Rounded to `f32`, a draw stays below 1.
+            let below_one = f32::from_bits(0x3F7F_FFFF);
+            for d in &mut draws[n..n + max_new_tokens] {
+                *d = (ahead.draw() as f32).min(below_one);
+            }
+            self.client.write(&self.buf.draws, Bytes::from_elems(draws));
+        }
         let mut ids = vec![0u32; self.dims.capacity + 1];
         ids[..n].copy_from_slice(prompt);
         self.client.write(&self.buf.ids, Bytes::from_elems(ids));
-        self.client.write(&self.buf.prompt, u32_bytes(n as u32));
         // The prompt's positions at once, then one step in flight ahead of each read.
         self.prefill(n)?;
         let client = self.client.clone();
@@ -523,6 +577,11 @@ impl DeviceDecoder {
         }
         // The step in flight past the last read is finished by the next read or drop; its
         // writes land beyond the positions returned.
+        if matches!(choice, Choice::TopP { .. }) {
+            for _ in &generated {
+                sampler.draw();
+            }
+        }
         Ok(generated)
     }
 
@@ -730,7 +789,7 @@ impl DeviceDecoder {
         Ok(count)
     }
 
-    /// The final norm of row `row` of `x`, the LM head and the greedy choice at the device's
+    /// The final norm of row `row` of `x`, the LM head and the choice at the device's
     /// position, which advances; returns the launches.
     fn head(&self, x: &Handle, row: usize) -> Result<usize, DeviceStepError> {
         let d = self.dims;
@@ -762,20 +821,41 @@ impl DeviceDecoder {
             }
             count += 2;
         }
-        // SAFETY: `logits` holds `vocab` f32, `ids` `capacity + 1` u32, `pos` and `prompt` one;
-        // the kernel writes `ids` only at `pos + 1 <= capacity`.
+        // SAFETY: `logits` and the three scratch buffers hold `vocab` words, `ids` and `draws`
+        // `capacity + 1`, `pos` one; the kernels write `ids` only at `pos + 1 <= capacity` and read
+        // `draws` there.
         unsafe {
-            kernels::argmax_kernel::launch_unchecked(
-                c,
-                CubeCount::Static(1, 1, 1),
-                CubeDim::new_1d(THREADS as u32),
-                BufferArg::from_raw_parts(b.logits.clone(), d.vocab),
-                BufferArg::from_raw_parts(b.ids.clone(), d.capacity + 1),
-                BufferArg::from_raw_parts(b.pos.clone(), 1),
-                BufferArg::from_raw_parts(b.prompt.clone(), 1),
-                d.vocab,
-                d.capacity,
-            );
+            match self.choice {
+                Choice::Greedy => kernels::argmax_kernel::launch_unchecked(
+                    c,
+                    CubeCount::Static(1, 1, 1),
+                    CubeDim::new_1d(THREADS as u32),
+                    BufferArg::from_raw_parts(b.logits.clone(), d.vocab),
+                    BufferArg::from_raw_parts(b.ids.clone(), d.capacity + 1),
+                    BufferArg::from_raw_parts(b.pos.clone(), 1),
+                    d.vocab,
+                    d.capacity,
+                ),
+                Choice::TopP {
+                    inv_temperature,
+                    top_p,
+                } => kernels::top_p_kernel::launch_unchecked(
+                    c,
+                    CubeCount::Static(1, 1, 1),
+                    CubeDim::new_1d(THREADS as u32),
+                    BufferArg::from_raw_parts(b.logits.clone(), d.vocab),
+                    BufferArg::from_raw_parts(b.weights.clone(), d.vocab),
+                    BufferArg::from_raw_parts(b.cand.clone(), d.vocab),
+                    BufferArg::from_raw_parts(b.cand_ids.clone(), d.vocab),
+                    BufferArg::from_raw_parts(b.draws.clone(), d.capacity + 1),
+                    BufferArg::from_raw_parts(b.ids.clone(), d.capacity + 1),
+                    BufferArg::from_raw_parts(b.pos.clone(), 1),
+                    d.vocab,
+                    d.capacity,
+                    inv_temperature,
+                    top_p,
+                ),
+            }
         }
         Ok(count + 1)
     }

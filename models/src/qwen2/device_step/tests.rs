@@ -289,7 +289,7 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
 }
 
 #[test]
-fn argmax_takes_the_first_maximum_and_leaves_the_prompt() {
+fn argmax_takes_the_first_maximum() {
     let Some(c) = client() else { return };
     let n = 1000;
     let mut logits = values(n, 10);
@@ -298,32 +298,138 @@ fn argmax_takes_the_first_maximum_and_leaves_the_prompt() {
     logits[300] = 5.0;
     let logits = upload(&c, &logits);
     let capacity = 8;
-    let run = |pos: u32, prompt: u32| {
-        let ids = upload_u32(&c, &[11, 12, 13, 14, 15, 16, 17, 18, 19]);
-        let p = upload_u32(&c, &[pos]);
-        // SAFETY: `logits` holds `n` f32, `ids` `capacity + 1` ids, `p` and the prompt one
-        // word each.
-        unsafe {
-            kernels::argmax_kernel::launch_unchecked(
-                &c,
-                CubeCount::Static(1, 1, 1),
-                CubeDim::new_1d(THREADS as u32),
-                BufferArg::from_raw_parts(logits.clone(), n),
-                BufferArg::from_raw_parts(ids.clone(), capacity + 1),
-                BufferArg::from_raw_parts(p.clone(), 1),
-                BufferArg::from_raw_parts(upload_u32(&c, &[prompt]), 1),
-                n,
-                capacity,
-            );
+    let ids = upload_u32(&c, &[11, 12, 13, 14, 15, 16, 17, 18, 19]);
+    let p = upload_u32(&c, &[4]);
+    // SAFETY: `logits` holds `n` f32, `ids` `capacity + 1` ids, `p` one word.
+    unsafe {
+        kernels::argmax_kernel::launch_unchecked(
+            &c,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(logits.clone(), n),
+            BufferArg::from_raw_parts(ids.clone(), capacity + 1),
+            BufferArg::from_raw_parts(p.clone(), 1),
+            n,
+            capacity,
+        );
+    }
+    // The first of the two maxima, at the next position; the position advances.
+    assert_eq!((words(&c, &ids)[5], words(&c, &p)[0]), (300, 5));
+}
+
+/// The top-p kernel's choice for `logits` and the draw `u`, and the position after.
+fn top_p(c: &Client, logits: &[f32], temperature: f64, top_p: f64, u: f32) -> (u32, u32) {
+    let n = logits.len();
+    let capacity = 4;
+    let pos = 2;
+    let mut draws = vec![0.0f32; capacity + 1];
+    draws[pos + 1] = u;
+    let ids = upload_u32(c, &[7; 5]);
+    let p = upload_u32(c, &[pos as u32]);
+    // SAFETY: `logits` and the three scratch buffers hold `n` words, `draws` and `ids`
+    // `capacity + 1`, `p` one.
+    unsafe {
+        kernels::top_p_kernel::launch_unchecked(
+            c,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(upload(c, logits), n),
+            BufferArg::from_raw_parts(c.empty(4 * n), n),
+            BufferArg::from_raw_parts(c.empty(4 * n), n),
+            BufferArg::from_raw_parts(c.empty(4 * n), n),
+            BufferArg::from_raw_parts(upload(c, &draws), capacity + 1),
+            BufferArg::from_raw_parts(ids.clone(), capacity + 1),
+            BufferArg::from_raw_parts(p.clone(), 1),
+            n,
+            capacity,
+            (1.0 / temperature) as f32,
+            top_p as f32,
+        );
+    }
+    (words(c, &ids)[pos + 1], words(c, &p)[0])
+}
+
+/// The nucleus in f64, in id order, each member with its weight: the fewest most likely ids
+/// (ties by the lower id) whose weight reaches `top_p` of the total.
+fn nucleus(logits: &[f32], temperature: f64, top_p: f64) -> Vec<(u32, f64)> {
+    let max = logits.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
+    let w: Vec<f64> = logits
+        .iter()
+        .map(|&x| ((x as f64 - max) / temperature).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut order: Vec<usize> = (0..w.len()).collect();
+    order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
+    let mut kept = 0.0;
+    let mut members = Vec::new();
+    for id in order {
+        kept += w[id];
+        members.push((id as u32, w[id]));
+        if kept >= top_p * total {
+            break;
         }
-        (words(&c, &ids), words(&c, &p)[0])
-    };
-    // Inside the prompt: the prompt's token stays; the position advances.
-    let (ids, pos) = run(2, 5);
-    assert_eq!((ids[3], pos), (14, 3));
-    // At the prompt's end: the choice, the first of the two maxima.
-    let (ids, pos) = run(4, 5);
-    assert_eq!((ids[5], pos), (300, 5));
+    }
+    members.sort_by_key(|&(id, _)| id);
+    members
+}
+
+#[test]
+fn top_p_draws_from_the_nucleus_in_id_order() {
+    let Some(c) = client() else { return };
+    // Logits spread evenly over `[-scale, scale)`: wide (a few candidates, as a language
+    // model's) and narrow (most of the vocabulary).
+    for (case, (n, scale, temperature, top_p_)) in [
+        (3000, 6.0, 1.0, 0.9),
+        (1000, 6.0, 0.5, 0.3),
+        (777, 6.0, 2.0, 1.0),
+        (5000, 6.0, 1.3, 0.02),
+        (20000, 30.0, 0.8, 0.95),
+        (4000, 0.5, 1.0, 0.99),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let logits: Vec<f32> = values(n, 20 + case as u64)
+            .iter()
+            .map(|x| scale * x)
+            .collect();
+        let members = nucleus(&logits, temperature, top_p_);
+        let kept: f64 = members.iter().map(|m| m.1).sum();
+        // A draw in the middle of a member's share picks that member: the first, the last,
+        // and a few between.
+        let mut picks: Vec<usize> = vec![0, members.len() - 1, members.len() / 2];
+        picks.extend((1..members.len()).step_by(members.len().div_ceil(5)));
+        for pick in picks {
+            let before: f64 = members[..pick].iter().map(|m| m.1).sum();
+            let u = (before + members[pick].1 / 2.0) / kept;
+            let (got, pos) = top_p(&c, &logits, temperature, top_p_, u as f32);
+            assert_eq!(
+                got,
+                members[pick].0,
+                "n {n}, T {temperature}, top-p {top_p_}: draw {u} of a nucleus of {}",
+                members.len()
+            );
+            assert_eq!(pos, 3);
+        }
+    }
+    // Ties at the nucleus's edge join by the lower id: three equal maxima, top-p 0.6 keeps
+    // two of them (ids 10 and 20), each half the nucleus.
+    let mut tied = vec![-30.0f32; 700];
+    for id in [10, 20, 600] {
+        tied[id] = 1.5;
+    }
+    for (u, want) in [(0.25, 10), (0.75, 20), (0.9999, 20)] {
+        assert_eq!(top_p(&c, &tied, 1.0, 0.6, u).0, want, "ties, draw {u}");
+    }
+    // A tiny top-p is the greedy choice; a NaN logit chooses nothing (the vocabulary's size).
+    let logits = values(900, 31);
+    let greedy = (0..900)
+        .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+        .unwrap() as u32;
+    assert_eq!(top_p(&c, &logits, 0.8, 1e-7, 0.99).0, greedy);
+    let mut bad = logits.clone();
+    bad[450] = f32::NAN;
+    assert_eq!(top_p(&c, &bad, 1.0, 0.9, 0.5), (900, 3));
 }
 
 #[test]
