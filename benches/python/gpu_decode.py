@@ -2,7 +2,9 @@
 r"""Single-stream GPU decode side by side: `burn-mapped generate` (greedy, --ignore-eos, one
 process per run) on the q8 store through the device step and through tensor ops, and on the f32
 store, against llama.cpp's `llama-bench -p 0 -n N` with flash attention off and on, all on the
-same GGUF, the arms alternating within each round (their order rotating by round).
+same GGUF, the arms alternating within each round (their order rotating by round). Arms ending
+in `-topp` sample instead (`--temperature 0.8 --top-p 0.9 --seed 1`): `q8-step-topp` is the
+device step's top-p, `q8-ops-topp` the host sampler's after tensor ops.
 
 Per burn-mapped run: decode tok/s (tokens after the first over the time after it), time to the
 first token and model-ready time (in-process), and for the device step its launches per token,
@@ -33,7 +35,14 @@ import time
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-def run_burn(args, dtype, device_step, prompt=None):
+def burn_arm(arm):
+    """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs, and
+    whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy."""
+    parts = arm.split("-")
+    return parts[0], "step" in parts, "topp" in parts
+
+
+def run_burn(args, dtype, device_step, top_p=False, prompt=None):
     """`prompt` None: the chat prompt; else this text without the chat template."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
@@ -43,6 +52,8 @@ def run_burn(args, dtype, device_step, prompt=None):
     cmd += ["--chat", "--prompt", PROMPT] if prompt is None else ["--prompt", prompt]
     if not device_step:
         cmd.append("--no-device-step")
+    if top_p:
+        cmd += ["--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -86,7 +97,7 @@ def first_token(args, arm, prompt_tokens, text=None):
         return {"wall_ms": wall * 1e3, "prompt_ms": prompt_tokens / pp["avg_ts"] * 1e3,
                 "prompt_tokens": prompt_tokens}
     one = argparse.Namespace(**{**vars(args), "tokens": 1})
-    rec = run_burn(one, arm.split("-")[0], arm.endswith("step"), prompt=text)
+    rec = run_burn(one, *burn_arm(arm), prompt=text)
     return {"wall_ms": rec["wall_s"] * 1e3, "prompt_ms": rec["ttft_ms"] - rec["model_ready_ms"],
             "prompt_tokens": rec["prompt_tokens"]}
 
@@ -107,7 +118,7 @@ def main():
     p.add_argument("--device", default="vulkan")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--arms", default="q8-step,q8-ops,f32-ops,llama-fa0,llama-fa1")
+    p.add_argument("--arms", default="q8-step,q8-step-topp,q8-ops,f32-ops,llama-fa0,llama-fa1")
     p.add_argument("--cache-dir", default="/tmp/bm-cache")
     p.add_argument("--long-prompt", type=int, default=40,
                    help="first token also for the sentence repeated this many times (0: not)")
@@ -117,18 +128,17 @@ def main():
     # Untimed: converts the stores and compiles the kernels' pipelines once.
     for arm in arms:
         if arm.startswith("q8") or arm.startswith("f32"):
-            dtype = arm.split("-")[0]
             cmd_args = argparse.Namespace(**{**vars(args), "tokens": 2})
-            run_burn(cmd_args, dtype, arm.endswith("step"))
+            run_burn(cmd_args, *burn_arm(arm))
     records = {arm: [] for arm in arms}
     firsts = {arm: [] for arm in arms}
     firsts_long = {arm: [] for arm in arms}
     # The chat prompt's length in tokens, for llama.cpp's prompt runs.
-    burn_arm = next((a for a in arms if not a.startswith("llama")), None)
+    first_burn = next((a for a in arms if not a.startswith("llama")), None)
     prompt_tokens = None
-    if burn_arm:
+    if first_burn:
         one = argparse.Namespace(**{**vars(args), "tokens": 1})
-        prompt_tokens = run_burn(one, burn_arm.split("-")[0], burn_arm.endswith("step"))[
+        prompt_tokens = run_burn(one, *burn_arm(first_burn))[
             "prompt_tokens"]
     # A long plain prompt (the sentence repeated), for the step's prefill against llama.cpp's.
     long_text, long_tokens = None, None
@@ -146,8 +156,7 @@ def main():
                 rec = {"tok_s": tg["avg_ts"], "build": tg.get("build_commit"),
                        "flash_attn": tg.get("flash_attn")}
             else:
-                dtype = arm.split("-")[0]
-                rec = run_burn(args, dtype, arm.endswith("step"))
+                rec = run_burn(args, *burn_arm(arm))
             records[arm].append(rec)
             print(f"round {r} {arm}: {rec['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
         if prompt_tokens:
@@ -177,10 +186,11 @@ def main():
     best = max(llama) if llama else None
     ratios = {a: summary[a]["tok_s"]["median"] / best for a in arms if best}
     same = {}
-    if "q8-step" in records and "q8-ops" in records:
-        a, b = records["q8-step"][0]["generated_ids"], records["q8-ops"][0]["generated_ids"]
-        same["q8_step_vs_ops_equal_prefix"] = next(
-            (i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    for step, ops in (("q8-step", "q8-ops"), ("q8-step-topp", "q8-ops-topp")):
+        if step in records and ops in records:
+            a, b = records[step][0]["generated_ids"], records[ops][0]["generated_ids"]
+            same[f"{step}_vs_{ops}_equal_prefix".replace("-", "_")] = next(
+                (i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     out = {"tokens": args.tokens, "rounds": args.rounds, "gguf": args.gguf,
            "prompt_tokens": prompt_tokens, "long_prompt_tokens": long_tokens,
            "records": records, "first_token": firsts, "first_token_long": firsts_long,

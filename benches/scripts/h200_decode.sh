@@ -45,7 +45,9 @@ build=$!
 echo "== speed-test GGUF ($(date -u +%T))"
 python3 -m pip install --no-index --no-deps -q "$devrun"/gguf-*.whl
 xz -dc "$devrun/header.gguf.xz" > "$work/header.gguf"
-python3 "$devrun/speed_gguf.py" "$work/header.gguf" "$work/speed.gguf" 491400064
+# A failed fill would leave the header's zeros as weights: stop rather than time those.
+python3 "$devrun/speed_gguf.py" "$work/header.gguf" "$work/speed.gguf" 491400064 \
+  || { echo "speed_gguf.py failed"; exit 1; }
 xz -dc "$devrun/burn-mapped-vulkan.xz" > "$work/burn-mapped"
 chmod +x "$work/burn-mapped"
 
