@@ -1,5 +1,6 @@
 //! The decode step's own CubeCL kernels: everything of a Qwen2 layer but the products, each
-//! fused with the split its product reads ([`split_block`]), and the greedy choice.
+//! fused with the split its product reads ([`split_block`]), and the choice of the next token
+//! (greedy or top-p).
 //!
 //! Every kernel reads the step's position from a device buffer rather than a launch
 //! argument, so one recorded launch serves every position. Infinities are avoided on purpose
@@ -9,7 +10,7 @@ use burn_cubecl::cubecl;
 use burn_mapped::q8::direct::{Word4, split_block};
 use cubecl::prelude::*;
 
-/// Threads per cube of the single-cube kernels (the norm and the greedy choice) and of
+/// Threads per cube of the single-cube kernels (the norm and the choice) and of
 /// attention; 256 is WebGPU's default limit.
 pub(super) const THREADS: usize = 256;
 
