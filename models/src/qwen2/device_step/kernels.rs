@@ -460,8 +460,8 @@ fn cube_max(local: u32, shared: &mut Shared<[u32]>) -> u32 {
 /// `top_p` of the total; the draw picks from the nucleus in id order. Without sorting:
 /// - Candidates: the tokens whose weight is at least `(total - goal) / 2n`. All the others
 ///   together weigh less than `total - goal`, so the nucleus has none of them. They are copied
-///   out in id order (`cand`, `cand_ids`): on a language model's logits a few thousand of the
-///   vocabulary, every token only where `top_p` is 1.
+///   out in id order (`cand`, `cand_ids`): fewer the more peaked the logits, every token where
+///   `top_p` is 1.
 /// - The nucleus's smallest weight: weights are non-negative, so their bit patterns order as
 ///   they do, and a bisection over the bit patterns (30 passes over the candidates) finds the
 ///   largest `k` whose weights `>= k` reach the goal.
