@@ -425,30 +425,22 @@ fn cube_sum(local: f32, shared: &mut Shared<[f32]>) -> f32 {
     total
 }
 
-/// The least of every thread's `local` over the cube, the same in every thread.
+/// The least (`least`) or the greatest of every thread's `local` over the cube, the same in
+/// every thread.
 #[cube]
-fn cube_min(local: u32, shared: &mut Shared<[u32]>) -> u32 {
+fn cube_extreme(local: u32, shared: &mut Shared<[u32]>, #[comptime] least: bool) -> u32 {
     shared[UNIT_POS as usize] = local;
     sync_cube();
-    let mut least = shared[0];
+    let mut pick = shared[0];
     for j in 1..THREADS {
-        least = u32::min(least, shared[j]);
+        if comptime!(least) {
+            pick = u32::min(pick, shared[j]);
+        } else {
+            pick = u32::max(pick, shared[j]);
+        }
     }
     sync_cube();
-    least
-}
-
-/// The greatest of every thread's `local` over the cube, the same in every thread.
-#[cube]
-fn cube_max(local: u32, shared: &mut Shared<[u32]>) -> u32 {
-    shared[UNIT_POS as usize] = local;
-    sync_cube();
-    let mut most = shared[0];
-    for j in 1..THREADS {
-        most = u32::max(most, shared[j]);
-    }
-    sync_cube();
-    most
+    pick
 }
 
 /// Nucleus sampling over `logits` (`n` values) with temperature `1 / inv_temperature`, then the
@@ -626,7 +618,7 @@ pub(super) fn top_p_kernel(
         }
     }
     // The first tie at which the goal is reached, over all runs (none: rounding, every tie).
-    let last_tie = cube_min(u32::cast_from(last), &mut su) as usize;
+    let last_tie = cube_extreme(u32::cast_from(last), &mut su, true) as usize;
 
     let mut own = 0.0f32;
     for j in cbegin..cend {
@@ -672,8 +664,8 @@ pub(super) fn top_p_kernel(
             }
         }
     }
-    let first = cube_min(u32::cast_from(chosen), &mut su) as usize;
-    let fallback = cube_max(u32::cast_from(last_member), &mut su) as usize;
+    let first = cube_extreme(u32::cast_from(chosen), &mut su, true) as usize;
+    let fallback = cube_extreme(u32::cast_from(last_member), &mut su, false) as usize;
     if tid == 0 {
         let mut choice = first;
         if choice == n {
