@@ -131,6 +131,7 @@ impl Sampler {
 
     /// The next draw in `[0, 1)` of this sampler's stream: what [`sample`](Self::sample)
     /// would use for its next token, for a sampler that runs elsewhere (the device step).
+    #[cfg(feature = "wgpu")]
     pub(super) fn draw(&mut self) -> f64 {
         self.rng.next_f64()
     }
