@@ -18,7 +18,7 @@ use crate::placement::Placement;
 /// differs is what the backend does with them:
 /// - Flex: [`Placement::Map`]. The parameters' storage *is* the mapped page-cache pages, read
 ///   in place by every op. No copy, ever.
-/// - NdArray: [`Placement::PerUseCopy`]. The parameters keep the mapped pages at rest
+/// - NdArray (feature `ndarray`): [`Placement::PerUseCopy`]. The parameters keep the mapped pages at rest
 ///   (borrowed storage), but every op that reads a borrowed tensor first copies it into a fresh
 ///   heap array, so each forward pass copies the weights it touches once more. A parameter
 ///   whose load runs an op (a `Col`-layout `Linear` weight is transposed on load) is copied by
@@ -33,21 +33,24 @@ pub fn placement_on(device: &Device) -> Placement {
 
 /// [`placement_on`] and one line on what it means for this backend, for the load log.
 fn backend_placement(device: &Device) -> (Placement, &'static str) {
-    #[allow(deprecated)] // NdArray is deprecated upstream, but still a backend users pick.
-    let ndarray = Device::ndarray();
     if *device == Device::flex() {
-        (Placement::Map, "parameters are the mapped pages, zero copy")
-    } else if *device == ndarray {
-        (
-            Placement::PerUseCopy,
-            "parameters borrow the mapped pages at rest; every op copies the weight it reads",
-        )
-    } else {
-        (
-            Placement::Resident,
-            "copied once into device memory; the mapping is not read after load",
-        )
+        return (Placement::Map, "parameters are the mapped pages, zero copy");
     }
+    #[cfg(feature = "ndarray")]
+    {
+        #[allow(deprecated)] // NdArray is deprecated upstream, but still a backend users pick.
+        let ndarray = Device::ndarray();
+        if *device == ndarray {
+            return (
+                Placement::PerUseCopy,
+                "parameters borrow the mapped pages at rest; every op copies the weight it reads",
+            );
+        }
+    }
+    (
+        Placement::Resident,
+        "copied once into device memory; the mapping is not read after load",
+    )
 }
 
 /// Whether `device` can hold tensors of `dtype` at all. Storage, not arithmetic: a q8 weight

@@ -45,7 +45,7 @@
 //!
 //! - **Flex — `map`.** The parameter tensors *are* the page-cache pages, shared by every
 //!   process that maps the store; kernels read them in place. No copy, at load or after.
-//! - **NdArray — `per-use copy`.** Parameters borrow the pages at rest (no anonymous memory
+//! - **NdArray — `per-use copy`** (feature `ndarray`). Parameters borrow the pages at rest (no anonymous memory
 //!   at load), but every NdArray op copies a borrowed tensor into a fresh heap array before
 //!   reading it, so every forward pass copies every weight it uses, and frees the copy after.
 //!   Measured by `tests/ndarray.rs` (33 `Row`-layout layers, 528 MiB of f32; 2-core x86-64
