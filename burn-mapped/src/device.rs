@@ -18,12 +18,13 @@ use crate::placement::Placement;
 /// differs is what the backend does with them:
 /// - Flex: [`Placement::Map`]. The parameters' storage *is* the mapped page-cache pages, read
 ///   in place by every op. No copy, ever.
-/// - NdArray (feature `ndarray`): [`Placement::PerUseCopy`]. The parameters keep the mapped pages at rest
-///   (borrowed storage), but every op that reads a borrowed tensor first copies it into a fresh
-///   heap array, so each forward pass copies the weights it touches once more. A parameter
-///   whose load runs an op (a `Col`-layout `Linear` weight is transposed on load) is copied by
-///   that op at load and rests in the heap instead (and NdArray's matmul copies that
-///   transposed array on every use as well).
+/// - NdArray (feature `ndarray`): [`Placement::PerUseCopy`]. The parameters keep the mapped
+///   pages at rest (borrowed storage), but every op that reads a borrowed tensor first copies it
+///   into a fresh heap array, so each forward pass copies the weights it touches once more. A
+///   parameter whose load runs an op (a `Col`-layout `Linear` weight is transposed on load) is
+///   copied by that op at load and rests in the heap instead (and NdArray's matmul copies that
+///   transposed array on every use as well). Without the feature, an NdArray device falls
+///   under the next line.
 /// - Any other backend (the CubeCL ones: wgpu, CUDA, ROCm, ...): [`Placement::Resident`].
 ///   `from_data` copies the bytes once into device memory, after which the mapping is no
 ///   longer read.
@@ -37,10 +38,9 @@ fn backend_placement(device: &Device) -> (Placement, &'static str) {
         return (Placement::Map, "parameters are the mapped pages, zero copy");
     }
     #[cfg(feature = "ndarray")]
+    #[allow(deprecated)] // NdArray is deprecated upstream, but still a backend users pick.
     {
-        #[allow(deprecated)] // NdArray is deprecated upstream, but still a backend users pick.
-        let ndarray = Device::ndarray();
-        if *device == ndarray {
+        if *device == Device::ndarray() {
             return (
                 Placement::PerUseCopy,
                 "parameters borrow the mapped pages at rest; every op copies the weight it reads",

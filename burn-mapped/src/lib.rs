@@ -45,9 +45,10 @@
 //!
 //! - **Flex — `map`.** The parameter tensors *are* the page-cache pages, shared by every
 //!   process that maps the store; kernels read them in place. No copy, at load or after.
-//! - **NdArray — `per-use copy`** (feature `ndarray`). Parameters borrow the pages at rest (no anonymous memory
-//!   at load), but every NdArray op copies a borrowed tensor into a fresh heap array before
-//!   reading it, so every forward pass copies every weight it uses, and frees the copy after.
+//! - **NdArray — `per-use copy`** (feature `ndarray`). Parameters borrow the pages at rest
+//!   (no anonymous memory at load), but every NdArray op copies a borrowed tensor into a fresh
+//!   heap array before reading it, so every forward pass copies every weight it uses, and frees
+//!   the copy after.
 //!   Measured by `tests/ndarray.rs` (33 `Row`-layout layers, 528 MiB of f32; 2-core x86-64
 //!   shared with builds, two runs): at rest anonymous memory grows by 0.02 % of the weights;
 //!   each forward pass copies 528.0 MiB, all of them, one layer (16 MiB) at a time, and takes
