@@ -259,6 +259,21 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
             decoder.launches_per_token(),
             1 + 8 * config.num_hidden_layers + 3
         );
+        // Timing steps runs them again from the first: two leave the logits a three-token
+        // generation ends with (lavapipe has no device timer, but the steps run).
+        let timed = decoder.device_time_per_step(2).unwrap();
+        assert!(timed.is_none_or(|t| !t.is_zero()));
+        let mut three = DeviceDecoder::new(&device, prompt.len() + NEW)
+            .unwrap()
+            .with_prefill_rows(rows);
+        three
+            .generate(&prompt, 3, &mut Sampler::greedy(), &[], |_| {})
+            .unwrap();
+        assert_eq!(
+            decoder.logits().unwrap(),
+            three.logits().unwrap(),
+            "steps timed again, recorded: {record}"
+        );
     }
     // `generate` takes the step by default, and stops after a stop token.
     let stop = expected[3];

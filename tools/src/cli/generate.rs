@@ -49,6 +49,12 @@ pub struct GenerateArgs {
     /// comparisons.
     #[arg(long)]
     pub no_device_step: bool,
+    /// After generating, run the device step's decode steps again under the device's timer
+    /// and report its time per token (`device_us_per_token`). It counts the device's waits for
+    /// the host between submissions; with `CUBECL_WGPU_MAX_TASKS` above the steps' launches
+    /// they go in one submission and the figure is the device's alone.
+    #[arg(long)]
+    pub device_time: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
@@ -112,6 +118,9 @@ struct Summary {
     launches_per_token: Option<usize>,
     /// The host's mean time to enqueue one token's step, in microseconds.
     host_us_per_token: Option<f64>,
+    /// The device's time per decode step, in microseconds (`--device-time`, where the device
+    /// has a timer).
+    device_us_per_token: Option<f64>,
 }
 
 /// How the tokens were decoded, for the summary.
@@ -119,12 +128,14 @@ struct DecodePath {
     name: &'static str,
     launches_per_token: Option<usize>,
     host_us_per_token: Option<f64>,
+    device_us_per_token: Option<f64>,
 }
 
 const TENSOR_OPS: DecodePath = DecodePath {
     name: "tensor ops",
     launches_per_token: None,
     host_us_per_token: None,
+    device_us_per_token: None,
 };
 
 /// The prompt and the requested tokens do not fit the model's context.
@@ -242,6 +253,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut sampler = sampler_for(args.temperature, args.top_p, args.seed)?;
     let mut stream = tokenizer.stream_decoder();
     let mut first_token = None;
+    // The decode ends at the last token, before any `--device-time` replays.
+    let mut last_token = None;
     let mut stdout = std::io::stdout().lock();
     let mut stream_error = None;
     let stop: &[u32] = if args.ignore_eos {
@@ -250,7 +263,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         tokenizer.eos_ids()
     };
     let on_token = |id| {
-        first_token.get_or_insert_with(|| start.elapsed());
+        let now = start.elapsed();
+        first_token.get_or_insert(now);
+        last_token = Some(now);
         if !args.json {
             match stream.push(id) {
                 Ok(Some(piece)) => {
@@ -267,6 +282,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut on_token = on_token;
     let step = DeviceRun {
         wanted: !args.no_device_step,
+        time_device: args.device_time,
         ctx,
         prompt: &prompt_ids,
         max_tokens: args.max_tokens,
@@ -289,7 +305,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     if let Some(e) = stream_error {
         return Err(e.into());
     }
-    let end = start.elapsed();
+    let end = last_token.unwrap_or_else(|| start.elapsed());
     let ttft = first_token.unwrap_or(end);
     let decode_tokens = generated.len().saturating_sub(1);
     let decode_secs = (end - ttft).as_secs_f64();
@@ -319,6 +335,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         decode_path: path.name,
         launches_per_token: path.launches_per_token,
         host_us_per_token: path.host_us_per_token,
+        device_us_per_token: path.device_us_per_token,
     };
     drop(stdout);
     if args.json {
@@ -345,6 +362,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
 /// A generation the device step may take.
 struct DeviceRun<'a> {
     wanted: bool,
+    /// Time the decode steps on the device after generating (`--device-time`).
+    time_device: bool,
     ctx: usize,
     prompt: &'a [u32],
     max_tokens: usize,
@@ -371,6 +390,13 @@ impl DeviceRun<'_> {
         };
         let generated =
             decoder.generate(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
+        let device_us_per_token = if self.time_device {
+            decoder
+                .device_time_per_step(usize::MAX)?
+                .map(|t| t.as_secs_f64() * 1e6)
+        } else {
+            None
+        };
         let path = DecodePath {
             name: if decoder.is_recorded() {
                 "device step (recorded)"
@@ -379,6 +405,7 @@ impl DeviceRun<'_> {
             },
             launches_per_token: Some(decoder.launches_per_token()),
             host_us_per_token: decoder.host_time_per_token().map(|t| t.as_secs_f64() * 1e6),
+            device_us_per_token,
         };
         Ok(Some((generated, path)))
     }
@@ -393,6 +420,7 @@ impl DeviceRun<'_> {
     ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
         let _ = (
             self.wanted,
+            self.time_device,
             self.ctx,
             self.prompt,
             self.max_tokens,

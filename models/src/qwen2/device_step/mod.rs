@@ -220,6 +220,9 @@ pub struct DeviceDecoder {
     /// generated tokens, and how many.
     host: std::time::Duration,
     chosen: usize,
+    /// The latest generation's first step position and how many steps it ran, which
+    /// [`DeviceDecoder::device_time_per_step`] replays.
+    last_run: Option<(usize, usize)>,
 }
 
 fn f32_param(t: &burn::tensor::Tensor<1>) -> Option<CubeTensor> {
@@ -424,6 +427,7 @@ impl DeviceDecoder {
             prefill_rows: PREFILL_ROWS,
             host: std::time::Duration::ZERO,
             chosen: 0,
+            last_run: None,
         })
     }
 
@@ -455,6 +459,47 @@ impl DeviceDecoder {
     /// where nothing is recorded): what the device step costs the host per token.
     pub fn host_time_per_token(&self) -> Option<std::time::Duration> {
         (self.chosen > 0).then(|| self.host / self.chosen as u32)
+    }
+
+    /// The device's time per step, timed by the device over the first `steps` steps of the
+    /// latest generation run again (at most as many as it ran). A step run again at a position
+    /// already decoded writes what is there already: the same cache rows and ids, and at the
+    /// end the logits of the last step replayed. `None` where the latest generation ran no
+    /// step, or where the runtime times on the host (the steps still run).
+    ///
+    /// The device's clock runs from the first step's start to the last one's end, so time it
+    /// spends waiting for the host between submissions counts. CubeCL's wgpu runtime submits
+    /// every `CUBECL_WGPU_MAX_TASKS` launches (32 by default) as the host enqueues them; with
+    /// that limit above `steps` times [`Self::launches_per_token`], the steps reach the device
+    /// in one submission and the figure is the device's alone.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceStepError::Device`] when a launch, the timer or a read fails.
+    pub fn device_time_per_step(
+        &mut self,
+        steps: usize,
+    ) -> Result<Option<std::time::Duration>, DeviceStepError> {
+        let Some((first, ran)) = self.last_run else {
+            return Ok(None);
+        };
+        let steps = steps.min(ran);
+        if steps == 0 {
+            return Ok(None);
+        }
+        self.client.write(&self.buf.pos, u32_bytes(first as u32));
+        let window = self.client.profile_start().map_err(device_error)?;
+        let run = (0..steps).try_for_each(|_| self.step());
+        if let Err(e) = run {
+            self.client.profile_abandon(window);
+            return Err(e);
+        }
+        let timed = self.client.profile_end(window).map_err(device_error)?;
+        let on_device = timed.timing_method() == cubecl::profile::TimingMethod::Device;
+        let ticks = cubecl::future::block_on(timed.resolve());
+        Ok(ticks
+            .filter(|_| on_device)
+            .map(|t| t.duration() / steps as u32))
     }
 
     /// Whether the step replays a recorded graph.
@@ -540,8 +585,10 @@ impl DeviceDecoder {
         ids[..n].copy_from_slice(prompt);
         self.client.write(&self.buf.ids, Bytes::from_elems(ids));
         // The prompt's positions at once, then one step in flight ahead of each read.
+        self.last_run = None;
         self.prefill(n)?;
         let client = self.client.clone();
+        let mut ran = 0;
         for position in n..n + max_new_tokens {
             // The 4 bytes of the token at `position`, not the whole id buffer (trimmed from the
             // `capacity + 1` words allocated; the handle's own size is rounded up).
@@ -559,6 +606,7 @@ impl DeviceDecoder {
                 let steady = matches!(self.mode, Mode::Recorded(_) | Mode::Launch);
                 let start = std::time::Instant::now();
                 self.step()?;
+                ran += 1;
                 if steady {
                     self.host += start.elapsed();
                     self.chosen += 1;
@@ -575,6 +623,7 @@ impl DeviceDecoder {
                 break;
             }
         }
+        self.last_run = Some((n, ran));
         // The step in flight past the last read is finished by the next read or drop; its
         // writes land beyond the positions returned.
         if matches!(choice, Choice::TopP { .. }) {
