@@ -4,11 +4,15 @@ process per run) on the q8 store through the device step and through tensor ops,
 store, against llama.cpp's `llama-bench -p 0 -n N` with flash attention off and on, all on the
 same GGUF, the arms alternating within each round (their order rotating by round). Arms ending
 in `-topp` sample instead (`--temperature 0.8 --top-p 0.9 --seed 1`): `q8-step-topp` is the
-device step's top-p, `q8-ops-topp` the host sampler's after tensor ops.
+device step's top-p, `q8-ops-topp` the host sampler's after tensor ops. The `q8-step-device`
+arm runs the device step with `CUBECL_WGPU_MAX_TASKS` above a token's launches, so each step
+reaches the device in one submission: its device time per token is the device's alone (the
+other step arms' count the device's waits for the host), and its tok/s is not a decode figure.
 
 Per burn-mapped run: decode tok/s (tokens after the first over the time after it), time to the
 first token and model-ready time (in-process), and for the device step its launches per token,
-whether the step replays a recorded graph, and the host's time per token spent enqueuing steps.
+whether the step replays a recorded graph, the host's time per token spent enqueuing steps, and
+the device's time per step (`--device-time`: the steps run again under the device's timer).
 Per llama-bench run: its tok/s (`avg_ts`).
 
 First token, per arm and round: a process that loads the model and runs the prompt once.
@@ -27,6 +31,7 @@ llama.cpp's best arm) and a table.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,10 +44,10 @@ def burn_arm(arm):
     """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs, and
     whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy."""
     parts = arm.split("-")
-    return parts[0], "step" in parts, "topp" in parts
+    return parts[0], "step" in parts, "topp" in parts, "device" in parts
 
 
-def run_burn(args, dtype, device_step, top_p=False, prompt=None):
+def run_burn(args, dtype, device_step, top_p=False, one_submission=False, prompt=None):
     """`prompt` None: the chat prompt; else this text without the chat template."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
@@ -50,12 +55,17 @@ def run_burn(args, dtype, device_step, top_p=False, prompt=None):
         "--ignore-eos", "--json", "--cache-dir", args.cache_dir,
     ]
     cmd += ["--chat", "--prompt", PROMPT] if prompt is None else ["--prompt", prompt]
-    if not device_step:
+    if device_step:
+        cmd.append("--device-time")
+    else:
         cmd.append("--no-device-step")
     if top_p:
         cmd += ["--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]
+    env = dict(os.environ)
+    if one_submission:
+        env["CUBECL_WGPU_MAX_TASKS"] = "1000000"
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)}\n{p.stderr[-4000:]}")
@@ -69,6 +79,7 @@ def run_burn(args, dtype, device_step, top_p=False, prompt=None):
         "decode_path": s.get("decode_path"),
         "launches_per_token": s.get("launches_per_token"),
         "host_us_per_token": s.get("host_us_per_token"),
+        "device_us_per_token": s.get("device_us_per_token"),
         "wall_s": wall,
         "generated_ids": s["generated_ids"][:32],
     }
@@ -118,7 +129,8 @@ def main():
     p.add_argument("--device", default="vulkan")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--arms", default="q8-step,q8-step-topp,q8-ops,f32-ops,llama-fa0,llama-fa1")
+    p.add_argument("--arms", default="q8-step,q8-step-topp,q8-step-device,q8-ops,f32-ops,"
+                   "llama-fa0,llama-fa1")
     p.add_argument("--cache-dir", default="/tmp/bm-cache")
     p.add_argument("--long-prompt", type=int, default=40,
                    help="first token also for the sentence repeated this many times (0: not)")
@@ -161,6 +173,8 @@ def main():
             print(f"round {r} {arm}: {rec['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
         if prompt_tokens:
             for arm in order:
+                if arm.endswith("-device"):
+                    continue
                 ft = first_token(args, arm, prompt_tokens)
                 firsts[arm].append(ft)
                 print(f"round {r} {arm}: first token {ft['wall_ms']:.0f} ms "
@@ -175,7 +189,8 @@ def main():
     summary = {}
     for arm, recs in records.items():
         summary[arm] = {k: stats([x.get(k) for x in recs])
-                        for k in ("tok_s", "ttft_ms", "model_ready_ms", "host_us_per_token")}
+                        for k in ("tok_s", "ttft_ms", "model_ready_ms", "host_us_per_token",
+                                  "device_us_per_token")}
         summary[arm]["first_token"] = {k: stats([x[k] for x in firsts[arm]])
                                        for k in ("wall_ms", "prompt_ms")}
         summary[arm]["first_token_long"] = {k: stats([x[k] for x in firsts_long[arm]])
@@ -199,15 +214,18 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     print(json.dumps(out))
-    print(f"\n{'arm':10} {'tok/s median (min-max)':28} {'ratio':>6} {'launches':>9} {'host us/tok':>12}")
+    print(f"\n{'arm':14} {'tok/s median (min-max)':28} {'ratio':>6} {'launches':>9} "
+          f"{'host us/tok':>12} {'device us/tok':>14}")
     for arm in arms:
         s = summary[arm]
         t = s["tok_s"]
         host = f"{s['host_us_per_token']['median']:.0f}" if s["host_us_per_token"] else ""
+        dev = s["device_us_per_token"]
+        dev = f"{dev['median']:.0f} ({dev['min']:.0f}-{dev['max']:.0f})" if dev else ""
         span = f"{t['median']:8.1f} ({t['min']:.1f}-{t['max']:.1f})"
         ratio = ratios.get(arm, float("nan"))
         launches = str(s["launches_per_token"] or "")
-        print(f"{arm:10} {span:28} {ratio:6.2f} {launches:>9} {host:>12}")
+        print(f"{arm:14} {span:28} {ratio:6.2f} {launches:>9} {host:>12} {dev:>14}")
     for key, n in (("first_token", prompt_tokens), ("first_token_long", long_tokens)):
         if not n:
             continue

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Single-stream decode on one GPU host, side by side in one call (benches/python/gpu_decode.py):
-# `burn-mapped generate --device vulkan` on the q8 store through the device step and through
-# tensor ops, and on the f32 store, against llama.cpp CUDA's `llama-bench -ngl 99 -p 0 -n 128`
+# `burn-mapped generate --device vulkan` on the q8 store through the device step (with its device
+# time per token, `--device-time`) and through tensor ops, and on the f32 store, against
+# llama.cpp CUDA's `llama-bench -ngl 99 -p 0 -n 128`
 # with flash attention off and on, all on one speed-test GGUF (decode speed does not depend on
 # the weights' values). The host needs no network and no Rust toolchain; DEVRUN is a folder of:
 #
