@@ -390,10 +390,15 @@ impl DeviceRun<'_> {
         };
         let generated =
             decoder.generate(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
+        // A timing that fails costs the figure, not the tokens already generated.
         let device_us_per_token = if self.time_device {
-            decoder
-                .device_time_per_step(usize::MAX)?
-                .map(|t| t.as_secs_f64() * 1e6)
+            match decoder.device_time_per_step(usize::MAX) {
+                Ok(t) => t.map(|t| t.as_secs_f64() * 1e6),
+                Err(e) => {
+                    eprintln!("--device-time: {e}");
+                    None
+                }
+            }
         } else {
             None
         };
