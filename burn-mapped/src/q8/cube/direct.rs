@@ -6,7 +6,7 @@
 //! (`Client::start_capture`, replayed per token) needs the kernels themselves: [`DirectWeight`]
 //! holds a q8 matrix's device buffers, [`product`] launches the dp4a kernel on a split of
 //! activations, and the caller's own kernels write that split as they compute their output
-//! with [`split_block`].
+//! with [`split_block`], or [`fused_products`] has each cube compute its input itself.
 
 use burn::tensor::{DType, Int, Tensor};
 use burn_cubecl::cubecl;
@@ -15,7 +15,8 @@ use cubecl::client::Client;
 use cubecl::server::Handle;
 
 pub use super::dot::{Word4, split_block};
-use super::{contiguous, dot};
+pub use super::fused::{FUSED_MAX_IN, Prologue, PrologueInput};
+use super::{contiguous, dot, fused};
 use crate::q8::split::{SPLIT_BLOCK, SPLIT_WORDS};
 use crate::q8::tuning::{DotTuning, TILE};
 use crate::q8::weight::Q8Weight;
@@ -212,12 +213,46 @@ pub fn products_per_row(
     launch(split, rows, parts, 1)
 }
 
-fn launch(
-    split: &Handle,
+/// Enqueues one to three products (as [`products`]) whose `rows` activation rows, of the
+/// weights' width, each cube computes from `input` through `P` ([`Prologue`]) instead of
+/// reading a split: the launch that would have written the split is saved. Compiled for
+/// single rows, as [`products_per_row`], for rows of at most [`FUSED_MAX_IN`] values; `P` is
+/// part of the kernel, so each prologue compiles its own.
+///
+/// # Safety
+///
+/// `P` reads `input`'s buffers only within the lengths given, for `rows` rows of the weights'
+/// width, and no output is one of `input`'s buffers.
+///
+/// # Errors
+///
+/// As for [`products`], for the outputs, the addends and `input`'s buffers (shorter than the
+/// lengths given); [`DirectError::Parts`] for rows wider than [`FUSED_MAX_IN`].
+pub unsafe fn fused_products<P: Prologue>(
+    input: PrologueInput<'_>,
     rows: usize,
     parts: &[Product<'_>],
-    tile: usize,
 ) -> Result<(), DirectError> {
+    let (client, inp, kernel_parts) = checked(rows, parts)?;
+    if inp > FUSED_MAX_IN {
+        return Err(DirectError::Parts(format!(
+            "rows of {inp} values are wider than a fused product takes ({FUSED_MAX_IN})"
+        )));
+    }
+    check("prologue input", input.first, input.first_len)?;
+    check("prologue input", input.second, input.second_len)?;
+    // SAFETY: `checked` checked the sizes, widths and addends (see `launch`), and the input's
+    // buffers hold the lengths given; the caller vouches that `P` reads within them.
+    unsafe { fused::launch::<P>(client, input, rows, inp, &kernel_parts) };
+    Ok(())
+}
+
+/// The parts' weights' client and width and their kernel descriptions, once every output and
+/// addend holds what `rows` rows need and the parts agree.
+fn checked<'a>(
+    rows: usize,
+    parts: &[Product<'a>],
+) -> Result<(&'a Client, usize, Vec<dot::Part<'a>>), DirectError> {
     let Some(first) = parts.first() else {
         return Err(DirectError::Parts("no products".into()));
     };
@@ -225,7 +260,6 @@ fn launch(
     if parts.len() > 3 {
         return Err(DirectError::Parts(format!("{} products", parts.len())));
     }
-    check("split", split, split_words(rows, inp))?;
     for p in parts {
         if p.weight.in_features() != inp
             || std::mem::discriminant(&p.add) != std::mem::discriminant(&first.add)
@@ -243,8 +277,7 @@ fn launch(
             check("addend", b, p.add.len(rows, out))?;
         }
     }
-    let tuning = DotTuning::default_for(tile.clamp(1, TILE));
-    let kernel_parts: Vec<dot::Part<'_>> = parts
+    let kernel_parts = parts
         .iter()
         .map(|p| dot::Part {
             values: &p.weight.values,
@@ -253,17 +286,20 @@ fn launch(
             y: p.y,
         })
         .collect();
+    Ok((first.weight.client(), inp, kernel_parts))
+}
+
+fn launch(
+    split: &Handle,
+    rows: usize,
+    parts: &[Product<'_>],
+    tile: usize,
+) -> Result<(), DirectError> {
+    let (client, inp, kernel_parts) = checked(rows, parts)?;
+    check("split", split, split_words(rows, inp))?;
+    let tuning = DotTuning::default_for(tile.clamp(1, TILE));
     // SAFETY: the sizes were checked above; every `values` is I8 `[out, in]`, contiguous, with
     // `in % 16 == 0` (checked in `DirectWeight::new`), and the widths and addends agree.
-    unsafe {
-        dot::launch_parts(
-            first.weight.client(),
-            split,
-            rows,
-            &kernel_parts,
-            tuning,
-            tile,
-        )
-    };
+    unsafe { dot::launch_parts(client, split, rows, &kernel_parts, tuning, tile) };
     Ok(())
 }

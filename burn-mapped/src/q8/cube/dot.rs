@@ -145,7 +145,7 @@ pub fn split_block(
 /// `acc`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn dot_step(
+pub(super) fn dot_step(
     wv: &Array<Word4>,
     first: usize,
     xq: &[Word4],
@@ -559,6 +559,41 @@ pub(super) struct Part<'a> {
     pub(super) y: &'a Handle,
 }
 
+/// A part's bindings, as [`launch`] builds them, and its rows.
+pub(super) type PartArgs = (BufferArg, BufferArg, BufferArg, BufferArg, usize);
+
+impl Part<'_> {
+    /// Its rows.
+    pub(super) fn out(&self) -> usize {
+        self.values.meta.shape().dims::<2>()[0]
+    }
+
+    /// Its weight's, scales', addend's and output's bindings for `t` activation rows of
+    /// `nblk` blocks, and its rows.
+    ///
+    /// # Safety
+    ///
+    /// As [`launch`]: the addend holds what [`Addend::len`] says and `y` `t * out` f32.
+    pub(super) unsafe fn args(&self, t: usize, nblk: usize) -> PartArgs {
+        let out = self.out();
+        let bias_len = self.bias.map_or(out, |b| b.len(t, out));
+        // SAFETY: the caller vouches for the addend's and `y`'s lengths; `values` is a
+        // contiguous I8 `[out, 16 * nblk]` tensor (`DirectWeight::new` checked it), read as
+        // `out * nblk` vectors of four words.
+        unsafe {
+            let (scales, bias) =
+                scales_and_bias_buffers(self.scales, self.bias.map(|b| b.handle), out, bias_len);
+            (
+                BufferArg::from_raw_parts(self.values.handle.clone(), out * nblk),
+                scales,
+                bias,
+                BufferArg::from_raw_parts(self.y.clone(), t * out),
+                out,
+            )
+        }
+    }
+}
+
 /// Launches one to three products over the same split of `t` rows as one dispatch (the weights
 /// side by side along the grid's third axis), `tile` rows per pass as for [`launch`].
 ///
@@ -588,32 +623,14 @@ pub(super) unsafe fn launch_parts(
     let nblk = inp / BLOCK;
     let has_bias = parts[0].bias.is_some();
     let bias_each = parts[0].bias.is_some_and(|b| b.each);
-    let outs: Vec<usize> = parts
-        .iter()
-        .map(|p| p.values.meta.shape().dims::<2>()[0])
-        .collect();
-    let widest = outs.iter().copied().max().unwrap_or(0);
+    let widest = parts.iter().map(Part::out).max().unwrap_or(0);
     let (count, dim) = grid(widest, t, tile, tuning.lanes, tuning.groups, tuning.rows);
     let CubeCount::Static(x, y, _) = count else {
         unreachable!("grid() is static")
     };
     let count = CubeCount::Static(x, y, parts.len() as u32);
-    // SAFETY: the caller vouches for each part's lengths (see `launch`); each part's bindings
-    // are built as `launch` builds them.
-    let args: Vec<_> = parts
-        .iter()
-        .zip(&outs)
-        .map(|(p, &out)| {
-            let bias_len = p.bias.map_or(out, |b| b.len(t, out));
-            let (scales, bias) = unsafe {
-                scales_and_bias_buffers(p.scales, p.bias.map(|b| b.handle), out, bias_len)
-            };
-            let values = unsafe { BufferArg::from_raw_parts(p.values.handle.clone(), out * nblk) };
-            let y = unsafe { BufferArg::from_raw_parts(p.y.clone(), t * out) };
-            (values, scales, bias, y, out)
-        })
-        .collect();
-    let mut args = args.into_iter();
+    // SAFETY: the caller vouches for each part's lengths (see `launch`).
+    let mut args = parts.iter().map(|p| unsafe { p.args(t, nblk) });
     let (xq, xs) = unsafe {
         (
             BufferArg::from_raw_parts(split.clone(), 2 * t * nblk),

@@ -2,7 +2,9 @@
 //! vulkan backend (feature `vulkan`; the same `CubeBackend`, whose wgpu runtime picks the
 //! compiler per adapter when the device is opened). Two kernels: the FMA kernel ([`fma`]),
 //! which runs every product, and the dp4a kernel ([`dot`]) on packed int8 dot products,
-//! which runs rows of whole blocks of 16 and is the default where `dp4a` is native.
+//! which runs rows of whole blocks of 16 and is the default where `dp4a` is native. The dp4a
+//! kernel also runs [`fused`] products, whose cubes compute their own input (for the direct
+//! launches of [`direct`]).
 //!
 //! WGSL has no 8-bit storage, so the kernels bind the int8 tensor's buffer as 32-bit words:
 //! the same bytes, four int8 values per word, little-endian (value `4k + b` of a row is byte
@@ -21,6 +23,7 @@ mod common;
 pub mod direct;
 mod dot;
 mod fma;
+mod fused;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
