@@ -495,6 +495,7 @@ impl DeviceDecoder {
             return Err(e);
         }
         let timed = self.client.profile_end(window).map_err(device_error)?;
+        self.release_capture();
         let on_device = timed.timing_method() == cubecl::profile::TimingMethod::Device;
         let ticks = cubecl::future::block_on(timed.resolve());
         Ok(ticks
@@ -631,7 +632,19 @@ impl DeviceDecoder {
                 sampler.draw();
             }
         }
+        self.release_capture();
         Ok(generated)
+    }
+
+    /// Closes a capture prepared by a first step but not recorded yet (a generation that
+    /// ended after one step): a prepared capture holds the client's stream, and another
+    /// decoder on it could not prepare its own. The next step prepares again.
+    fn release_capture(&mut self) {
+        if matches!(self.mode, Mode::Warm) {
+            // Closing a capture that never opened unwinds it; no graph comes back.
+            let _ = self.client.stop_capture();
+            self.mode = Mode::Fresh;
+        }
     }
 
     /// One step at the device's position.
@@ -907,6 +920,12 @@ impl DeviceDecoder {
             }
         }
         Ok(count + 1)
+    }
+}
+
+impl Drop for DeviceDecoder {
+    fn drop(&mut self) {
+        self.release_capture();
     }
 }
 
