@@ -80,6 +80,7 @@ def run_burn(args, dtype, device_step, top_p=False, one_submission=False, prompt
         "launches_per_token": s.get("launches_per_token"),
         "host_us_per_token": s.get("host_us_per_token"),
         "device_us_per_token": s.get("device_us_per_token"),
+        "device_us_by_launch": s.get("device_us_by_launch"),
         "wall_s": wall,
         "generated_ids": s["generated_ids"][:32],
     }
@@ -195,6 +196,10 @@ def main():
                                        for k in ("wall_ms", "prompt_ms")}
         summary[arm]["first_token_long"] = {k: stats([x[k] for x in firsts_long[arm]])
                                             for k in ("wall_ms", "prompt_ms")}
+        kinds = [k for k, _ in recs[0].get("device_us_by_launch") or []]
+        summary[arm]["device_us_by_launch"] = {
+            k: stats([dict(x.get("device_us_by_launch") or []).get(k) for x in recs])
+            for k in kinds}
         summary[arm]["launches_per_token"] = recs[0].get("launches_per_token")
         summary[arm]["decode_path"] = recs[0].get("decode_path")
     llama = [summary[a]["tok_s"]["median"] for a in arms if a.startswith("llama")]
@@ -226,6 +231,13 @@ def main():
         ratio = ratios.get(arm, float("nan"))
         launches = str(s["launches_per_token"] or "")
         print(f"{arm:14} {span:28} {ratio:6.2f} {launches:>9} {host:>12} {dev:>14}")
+    for arm in arms:
+        kinds = summary[arm]["device_us_by_launch"]
+        if not kinds:
+            continue
+        print(f"\n{arm}: device us per step by kind of launch, each launch timed alone")
+        for k, v in kinds.items():
+            print(f"  {k:24} {v['median']:8.1f} ({v['min']:.1f}-{v['max']:.1f})")
     for key, n in (("first_token", prompt_tokens), ("first_token_long", long_tokens)):
         if not n:
             continue

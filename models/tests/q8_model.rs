@@ -254,10 +254,10 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         assert_eq!(seen, expected);
         // wgpu records graphs: the recorded path is the one under test here.
         assert_eq!(decoder.is_recorded(), record);
-        // Per layer 8, plus the lookup, the final norm, the head and the choice.
+        // Per layer 5, plus the lookup, the final norm, the head and the choice's two passes.
         assert_eq!(
             decoder.launches_per_token(),
-            1 + 8 * config.num_hidden_layers + 3
+            1 + 5 * config.num_hidden_layers + 4
         );
         // Timing steps runs them again from the first: two leave the logits a three-token
         // generation ends with (lavapipe has no device timer, but the steps run).
@@ -273,6 +273,20 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
             decoder.logits().unwrap(),
             three.logits().unwrap(),
             "steps timed again, recorded: {record}"
+        );
+        // Timing each launch runs the first step again, launch by launch: it leaves the logits
+        // a two-token generation ends with.
+        let kinds = decoder.device_time_by_launch().unwrap();
+        assert!(kinds.is_none_or(|k| k.iter().any(|(kind, _)| *kind == "attention")));
+        let mut two = DeviceDecoder::new(&device, prompt.len() + NEW)
+            .unwrap()
+            .with_prefill_rows(rows);
+        two.generate(&prompt, 2, &mut Sampler::greedy(), &[], |_| {})
+            .unwrap();
+        assert_eq!(
+            decoder.logits().unwrap(),
+            two.logits().unwrap(),
+            "first step timed by launch, recorded: {record}"
         );
     }
     // `generate` takes the step by default, and stops after a stop token.

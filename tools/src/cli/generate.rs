@@ -52,7 +52,8 @@ pub struct GenerateArgs {
     /// After generating, run the device step's decode steps again under the device's timer
     /// and report its time per token (`device_us_per_token`). It counts the device's waits for
     /// the host between submissions; with `CUBECL_WGPU_MAX_TASKS` above the steps' launches
-    /// they go in one submission and the figure is the device's alone.
+    /// they go in one submission and the figure is the device's alone. Also reports each kind
+    /// of launch's device time in one step (`device_us_by_launch`).
     #[arg(long)]
     pub device_time: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
@@ -121,6 +122,9 @@ struct Summary {
     /// The device's time per decode step, in microseconds (`--device-time`, where the device
     /// has a timer).
     device_us_per_token: Option<f64>,
+    /// Where that time goes: each kind of launch's device time in one step, in microseconds,
+    /// each launch timed alone (so the kinds add up to more than the step).
+    device_us_by_launch: Option<Vec<(&'static str, f64)>>,
 }
 
 /// How the tokens were decoded, for the summary.
@@ -129,6 +133,7 @@ struct DecodePath {
     launches_per_token: Option<usize>,
     host_us_per_token: Option<f64>,
     device_us_per_token: Option<f64>,
+    device_us_by_launch: Option<Vec<(&'static str, f64)>>,
 }
 
 const TENSOR_OPS: DecodePath = DecodePath {
@@ -136,6 +141,7 @@ const TENSOR_OPS: DecodePath = DecodePath {
     launches_per_token: None,
     host_us_per_token: None,
     device_us_per_token: None,
+    device_us_by_launch: None,
 };
 
 /// The prompt and the requested tokens do not fit the model's context.
@@ -336,6 +342,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         launches_per_token: path.launches_per_token,
         host_us_per_token: path.host_us_per_token,
         device_us_per_token: path.device_us_per_token,
+        device_us_by_launch: path.device_us_by_launch,
     };
     drop(stdout);
     if args.json {
@@ -402,6 +409,22 @@ impl DeviceRun<'_> {
         } else {
             None
         };
+        let device_us_by_launch = if self.time_device {
+            match decoder.device_time_by_launch() {
+                Ok(kinds) => kinds.map(|kinds| {
+                    kinds
+                        .into_iter()
+                        .map(|(kind, t)| (kind, t.as_secs_f64() * 1e6))
+                        .collect()
+                }),
+                Err(e) => {
+                    eprintln!("--device-time (by launch): {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let path = DecodePath {
             name: if decoder.is_recorded() {
                 "device step (recorded)"
@@ -411,6 +434,7 @@ impl DeviceRun<'_> {
             launches_per_token: Some(decoder.launches_per_token()),
             host_us_per_token: decoder.host_time_per_token().map(|t| t.as_secs_f64() * 1e6),
             device_us_per_token,
+            device_us_by_launch,
         };
         Ok(Some((generated, path)))
     }

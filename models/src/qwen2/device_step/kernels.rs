@@ -1,13 +1,13 @@
 //! The decode step's own CubeCL kernels: everything of a Qwen2 layer but the products, each
-//! fused with the split its product reads ([`split_block`]), and the choice of the next token
-//! (greedy or top-p).
+//! fused with the split its product reads ([`split_block`]) or run by the product's cubes as
+//! its input ([`Prologue`]), and the choice of the next token (greedy or top-p).
 //!
 //! Every kernel reads the step's position from a device buffer rather than a launch
 //! argument, so one recorded launch serves every position. Infinities are avoided on purpose
 //! (the running maxima start at [`LOWEST`]): WGSL has no infinity literal.
 
 use burn_cubecl::cubecl;
-use burn_mapped::q8::direct::{Word4, split_block};
+use burn_mapped::q8::direct::{Prologue, Word4, split_block};
 use cubecl::prelude::*;
 
 /// Threads per cube of the single-cube kernels (the norm and the choice) and of
@@ -43,6 +43,92 @@ pub(super) fn embed_kernel(
     }
 }
 
+/// The blocks of the `n` values of `x` from `at` that a thread of `threads` takes (blocks
+/// `tid + r * threads`) as `4 * r + i` vectors of four, zero past the row: loaded before any is
+/// used, so the thread waits on memory once rather than once per block.
+#[cube]
+fn thread_blocks(
+    x: &[f32],
+    at: usize,
+    #[comptime] n: usize,
+    #[comptime] threads: usize,
+) -> Array<F4> {
+    let tid = UNIT_POS as usize;
+    let blocks = comptime!(n / BLOCK);
+    let per = comptime!((n / BLOCK).div_ceil(threads));
+    let mut v = Array::<F4>::new(comptime!(4 * per));
+    #[unroll]
+    for r in 0..per {
+        let b = tid + r * threads;
+        #[unroll]
+        for i in 0..4usize {
+            let mut four = F4::new(0.0f32);
+            if b < blocks {
+                #[unroll]
+                for c in 0..4usize {
+                    four.insert(c, x[at + b * BLOCK + 4 * i + c]);
+                }
+            }
+            v[4 * r + i] = four;
+        }
+    }
+    v
+}
+
+/// RMSNorm (weight `w`, epsilon `eps`) of the `n` values of `x` from `at`, split: block `b`
+/// as block `first + b` of a split of `all` blocks whose scales start at `xs_at`
+/// ([`split_block`]). Each of the cube's `threads` threads calls it and takes the blocks of
+/// [`thread_blocks`], with their weights.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn norm_split(
+    x: &[f32],
+    at: usize,
+    w: &[f32],
+    eps: f32,
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    first: usize,
+    all: usize,
+    xs_at: usize,
+    #[comptime] n: usize,
+    #[comptime] threads: usize,
+) {
+    let tid = UNIT_POS as usize;
+    let blocks = comptime!(n / BLOCK);
+    let per = comptime!((n / BLOCK).div_ceil(threads));
+    let xv = thread_blocks(x, at, n, threads);
+    let wv = thread_blocks(w, 0, n, threads);
+    let mut acc = 0.0f32;
+    #[unroll]
+    for k in 0..comptime!(4 * per) {
+        let f = xv[k] * xv[k];
+        acc += f.extract(0usize) + f.extract(1usize) + f.extract(2usize) + f.extract(3usize);
+    }
+    // Every thread adds the partial sums itself, in one order for all, so all hold the same
+    // total without a second barrier.
+    let mut shared = Shared::<[f32]>::new_slice(threads);
+    shared[tid] = acc;
+    sync_cube();
+    let mut total = 0.0f32;
+    for j in 0..threads {
+        total += shared[j];
+    }
+    let inv = F4::new(1.0f32 / f32::sqrt(total / comptime!(n as f32) + eps));
+    #[unroll]
+    for r in 0..per {
+        let b = tid + r * threads;
+        if b < blocks {
+            let mut v = Array::<F4>::new(4usize);
+            #[unroll]
+            for i in 0..4usize {
+                v[i] = xv[r * 4 + i] * inv * wv[r * 4 + i];
+            }
+            split_block(&v, xq, xs, first + b, all, xs_at);
+        }
+    }
+}
+
 /// RMSNorm of row `first_row + t` of `x` (rows of `n` values) with weight `w`, split as row
 /// `t` of the grid's rows for the products that read it. One cube of [`THREADS`] per row.
 #[cube(launch_unchecked)]
@@ -51,74 +137,94 @@ pub(super) fn rms_split_kernel(
     w: &[f32],
     xq: &mut [Word4],
     xs: &mut [f32],
-    n: usize,
     eps: f32,
     first_row: usize,
+    #[comptime] n: usize,
 ) {
-    let tid = UNIT_POS as usize;
     let t = CUBE_POS_Y as usize;
-    let at = (first_row + t) * n;
-    let mut shared = Shared::<[f32]>::new_slice(THREADS);
-    let mut acc = 0.0f32;
-    let mut i = tid;
-    while i < n {
-        acc += x[at + i] * x[at + i];
-        i += THREADS;
-    }
-    shared[tid] = acc;
-    sync_cube();
-    // Every thread adds the partial sums itself: 256 reads of shared memory, in one order for
-    // all, so every thread holds the same total without another barrier.
-    let mut total = 0.0f32;
-    for j in 0..THREADS {
-        total += shared[j];
-    }
-    let inv = 1.0f32 / f32::sqrt(total / f32::cast_from(n) + eps);
-    let blocks = n / BLOCK;
+    let blocks = comptime!(n / BLOCK);
     let all = CUBE_COUNT_Y as usize * blocks;
-    let mut b = tid;
-    while b < blocks {
-        let mut v = Array::<F4>::new(4usize);
-        #[unroll]
-        for i in 0..4usize {
-            let mut four = F4::new(0.0f32);
-            #[unroll]
-            for c in 0..4usize {
-                let j = b * BLOCK + 4 * i + c;
-                four.insert(c, x[at + j] * inv * w[j]);
-            }
-            v[i] = four;
-        }
-        split_block(&v, xq, xs, t * blocks + b, all, 8 * all);
-        b += THREADS;
+    norm_split(
+        x,
+        (first_row + t) * n,
+        w,
+        eps,
+        xq,
+        xs,
+        t * blocks,
+        all,
+        8 * all,
+        n,
+        THREADS,
+    );
+}
+
+/// A fused product's input ([`Prologue`]): RMSNorm of row `t` of `x` (`first`, rows of `n`
+/// values) with the norm's weight `second` and epsilon `scalar`: the norm before q/k/v and
+/// before gate/up.
+pub(super) struct NormInput;
+
+#[cube]
+impl Prologue for NormInput {
+    #[allow(clippy::too_many_arguments)]
+    fn split_row(
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        t: usize,
+        xq: &mut [Word4],
+        xs: &mut [f32],
+        #[comptime] n: usize,
+        #[comptime] threads: usize,
+    ) {
+        let blocks = comptime!(n / BLOCK);
+        norm_split(x, t * n, w, eps, xq, xs, 0, blocks, 0, n, threads);
     }
 }
 
-/// `silu(gate) * up` (`n` values each: every row's), split. One thread per block.
-#[cube(launch_unchecked)]
-pub(super) fn silu_split_kernel(
-    gate: &[f32],
-    up: &[f32],
-    xq: &mut [Word4],
-    xs: &mut [f32],
-    n: usize,
-) {
-    let b = ABSOLUTE_POS;
-    let blocks = n / BLOCK;
-    if b < blocks {
-        let mut v = Array::<F4>::new(4usize);
+/// A fused product's input ([`Prologue`]): `silu(gate) * up` of row `t` (`first` the gates,
+/// `second` the ups, rows of `n` values; `scalar` unused): the down projection's. Each thread
+/// takes the blocks of [`thread_blocks`].
+pub(super) struct SiluInput;
+
+#[cube]
+impl Prologue for SiluInput {
+    #[allow(clippy::too_many_arguments)]
+    fn split_row(
+        gate: &[f32],
+        up: &[f32],
+        _unused: f32,
+        t: usize,
+        xq: &mut [Word4],
+        xs: &mut [f32],
+        #[comptime] n: usize,
+        #[comptime] threads: usize,
+    ) {
+        let tid = UNIT_POS as usize;
+        let blocks = comptime!(n / BLOCK);
+        let per = comptime!((n / BLOCK).div_ceil(threads));
+        let gv = thread_blocks(gate, t * n, n, threads);
+        let uv = thread_blocks(up, t * n, n, threads);
         #[unroll]
-        for i in 0..4usize {
-            let mut four = F4::new(0.0f32);
-            #[unroll]
-            for c in 0..4usize {
-                let j = b * BLOCK + 4 * i + c;
-                let g = gate[j];
-                four.insert(c, g / (1.0f32 + f32::exp(-g)) * up[j]);
+        for r in 0..per {
+            let b = tid + r * threads;
+            if b < blocks {
+                let mut v = Array::<F4>::new(4usize);
+                #[unroll]
+                for i in 0..4usize {
+                    let g = gv[r * 4 + i];
+                    let u = uv[r * 4 + i];
+                    let mut four = F4::new(0.0f32);
+                    #[unroll]
+                    for c in 0..4usize {
+                        let gc = g.extract(c);
+                        four.insert(c, gc / (1.0f32 + f32::exp(-gc)) * u.extract(c));
+                    }
+                    v[i] = four;
+                }
+                split_block(&v, xq, xs, b, blocks, 0);
             }
-            v[i] = four;
         }
-        split_block(&v, xq, xs, b, blocks, 8 * blocks);
     }
 }
 
@@ -217,6 +323,7 @@ pub(super) fn attention_kernel(
     let mut sk = Shared::<[f32]>::new_slice(head_dim);
     let mut sv = Shared::<[f32]>::new_slice(head_dim);
     let mut sc = Shared::<[f32]>::new_slice(THREADS);
+    let mut red = Shared::<[f32]>::new_slice(THREADS);
     let mut ra = Shared::<[f32]>::new_slice(THREADS);
     let mut rl = Shared::<[f32]>::new_slice(THREADS);
     // A position past the cache (a caller's bug) reads and writes nothing.
@@ -270,40 +377,75 @@ pub(super) fn attention_kernel(
             let mut dot = 0.0f32;
             if p < fresh {
                 let row = base + p * head_dim;
+                #[unroll]
                 for j in 0..head_dim {
                     dot += sq[j] * kc[row + j];
                 }
             } else {
+                #[unroll]
                 for j in 0..head_dim {
                     dot += sq[j] * sk[j];
                 }
             }
             score = dot * scale;
         }
-        sc[tid] = score;
+        // The chunk's largest score by a tree (eight halvings), rather than every thread
+        // reading every score.
+        red[tid] = score;
+        sync_cube();
+        let mut stride = (THREADS / 2).runtime();
+        while stride > 0 {
+            if tid < stride {
+                red[tid] = f32::max(red[tid], red[tid + stride]);
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        let top = f32::max(m, red[0]);
+        let correction = f32::exp(m - top);
+        acc *= correction;
+        l *= correction;
+        m = top;
+        // Each position's weight once, not once per value dimension.
+        let mut w = 0.0f32;
+        if p < len {
+            w = f32::exp(score - m);
+        }
+        sc[tid] = w;
         sync_cube();
         let mut n = len - start;
         if n > THREADS {
             n = THREADS;
         }
-        let mut top = m;
-        for j in 0..n {
-            top = f32::max(top, sc[j]);
-        }
-        let correction = f32::exp(m - top);
-        acc *= correction;
-        l *= correction;
-        m = top;
+        // Eight positions' values loaded before they are added: eight loads in flight, not one.
         let mut j = part;
+        while j + 7 * parts < n {
+            let mut vals = Array::<f32>::new(8usize);
+            #[unroll]
+            for u in 0..8usize {
+                let pp = start + j + u * parts;
+                let mut value = sv[d];
+                if pp < fresh {
+                    value = vc[base + pp * head_dim + d];
+                }
+                vals[u] = value;
+            }
+            #[unroll]
+            for u in 0..8usize {
+                let weight = sc[j + u * parts];
+                l += weight;
+                acc += weight * vals[u];
+            }
+            j += 8 * parts;
+        }
         while j < n {
-            let w = f32::exp(sc[j] - m);
             let pp = start + j;
             let mut value = sv[d];
             if pp < fresh {
                 value = vc[base + pp * head_dim + d];
             }
-            l += w;
-            acc += w * value;
+            l += sc[j];
+            acc += sc[j] * value;
             j += parts;
         }
         sync_cube();
@@ -355,21 +497,30 @@ pub(super) fn copy_kernel(src: &[f32], dst: &mut [f32], first: usize, n: usize) 
     }
 }
 
-/// The greedy choice over `logits` (`n` values; the first of equal maxima, NaN never
-/// chosen), then the step's bookkeeping ([`advance`]). One cube of [`THREADS`].
+/// Cubes of the greedy choice's first pass ([`argmax_part_kernel`]): enough to spread the
+/// vocabulary's read over the device, few enough for one cube to reduce.
+pub(super) const ARGMAX_PARTS: usize = THREADS;
+
+/// The greedy choice's first pass: cube `c` finds the first maximum of its slice of `logits`
+/// (`n` values in [`ARGMAX_PARTS`] consecutive slices; NaN never chosen) and writes it to
+/// `part_v[c]` and its index to `part_i[c]` (index `n` and [`LOWEST`] for a slice without a
+/// finite value). Reading the logits once with one cube left most of the device idle while
+/// that cube waited on its loads one after another.
 #[cube(launch_unchecked)]
-pub(super) fn argmax_kernel(
-    logits: &[f32],
-    ids: &mut [u32],
-    pos: &mut [u32],
-    n: usize,
-    capacity: usize,
-) {
+pub(super) fn argmax_part_kernel(logits: &[f32], part_v: &mut [f32], part_i: &mut [u32], n: usize) {
     let tid = UNIT_POS as usize;
+    let c = CUBE_POS_X as usize;
+    let chunk = n.div_ceil(ARGMAX_PARTS);
+    let start = c * chunk;
+    let mut end = start + chunk;
+    if end > n {
+        end = n;
+    }
     let mut best = LOWEST.runtime();
     let mut at = n;
-    let mut i = tid;
-    while i < n {
+    // Each thread sees its indices in increasing order: the strict comparison keeps the first.
+    let mut i = start + tid;
+    while i < end {
         let x = logits[i];
         if x > best {
             best = x;
@@ -377,26 +528,61 @@ pub(super) fn argmax_kernel(
         }
         i += THREADS;
     }
-    let mut sv = Shared::<[f32]>::new_slice(THREADS);
-    let mut si = Shared::<[u32]>::new_slice(THREADS);
-    sv[tid] = best;
-    si[tid] = u32::cast_from(at);
-    sync_cube();
+    let (v, a) = first_maximum(best, u32::cast_from(at));
     if tid == 0 {
-        // Thread `j` saw indices `j mod THREADS` only, in order: the strict comparison in
-        // thread order keeps the first index of the maximum.
-        let mut top = sv[0];
-        let mut chosen = si[0];
-        for j in 1..THREADS {
-            let v = sv[j];
-            let at_j = si[j];
-            if v > top || (v == top && at_j < chosen) {
-                top = v;
-                chosen = at_j;
-            }
-        }
+        part_v[c] = v;
+        part_i[c] = a;
+    }
+}
+
+/// The greedy choice's second pass: the first maximum over the first pass's
+/// [`ARGMAX_PARTS`] slices, then the step's bookkeeping ([`advance`]). One cube of
+/// [`THREADS`].
+#[cube(launch_unchecked)]
+pub(super) fn argmax_kernel(
+    part_v: &[f32],
+    part_i: &[u32],
+    ids: &mut [u32],
+    pos: &mut [u32],
+    capacity: usize,
+) {
+    let tid = UNIT_POS as usize;
+    let mut v = LOWEST.runtime();
+    let mut a = u32::MAX.runtime();
+    if tid < ARGMAX_PARTS {
+        v = part_v[tid];
+        a = part_i[tid];
+    }
+    let (_, chosen) = first_maximum(v, a);
+    if tid == 0 {
         advance(ids, pos, chosen, capacity);
     }
+}
+
+/// The largest of the cube's `(value, index)` pairs, the smallest index among equal values,
+/// in thread 0 (a tree over shared memory: eight halvings of [`THREADS`]).
+#[cube]
+fn first_maximum(value: f32, index: u32) -> (f32, u32) {
+    let tid = UNIT_POS as usize;
+    let mut sv = Shared::<[f32]>::new_slice(THREADS);
+    let mut si = Shared::<[u32]>::new_slice(THREADS);
+    sv[tid] = value;
+    si[tid] = index;
+    sync_cube();
+    let mut stride = (THREADS / 2).runtime();
+    while stride > 0 {
+        if tid < stride {
+            let v = sv[tid + stride];
+            let i = si[tid + stride];
+            if v > sv[tid] || (v == sv[tid] && i < si[tid]) {
+                sv[tid] = v;
+                si[tid] = i;
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    (sv[0], si[0])
 }
 
 /// A step's last act: `choice` becomes the id of position `pos + 1` (within the cache) and the

@@ -4,12 +4,12 @@
 //! dispatch, Fusion and CubeCL's launch path, and allocates its result, for a few microseconds
 //! of device work each. This path keeps the step on the device. The activations, the key and
 //! value cache, the token ids and the position live in buffers made once; the step is a fixed
-//! sequence of launches (per layer, eight: the norm fused with its split, the q/k/v products
-//! in one launch, attention with RoPE and the cache write, the o-projection adding the
-//! residual, the norm, gate and up in one launch, SiLU·mul fused with its split, and the down
-//! projection adding the residual)
-//! whose kernels read the position from the device, so no launch argument changes between
-//! tokens. The choice runs on the device too, greedy or top-p (the host writes the sampler's
+//! sequence of launches whose kernels read the position from the device, so no launch
+//! argument changes between tokens. A layer is five launches, because a launch costs the
+//! device microseconds however little it does: the q/k/v products, each cube of which norms
+//! the row itself (`fused_products`); attention with RoPE and the cache write, splitting its
+//! output; the o-projection adding the residual; gate and up, norming as q/k/v do; and the
+//! down projection, each cube computing `silu(gate) * up` itself, adding the residual. The choice runs on the device too, greedy or top-p (the host writes the sampler's
 //! draws once, by position), and writes the next token's id where the next step reads it: the
 //! host only reads ids back.
 //!
@@ -27,8 +27,8 @@
 //! once per eight positions, but it is a second set of kernels to compile in every process, and
 //! compilation is most of a short prompt's time to its first token.
 //!
-//! It takes a model whose projections and LM head are q8 with rows of whole dp4a blocks and
-//! whose other parameters are `f32`, on a CubeCL device, its vocabulary matrices whole or in
+//! It takes a model whose projections and LM head are q8 with rows of whole dp4a blocks (at
+//! most `FUSED_MAX_IN` values wide) and whose other parameters are `f32`, on a CubeCL device, its vocabulary matrices whole or in
 //! row blocks (a lookup per embedding block, a product and a copy per head block); anything
 //! else decodes through tensor ops.
 
@@ -40,18 +40,21 @@ use burn::tensor::DType;
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, Product, cube_float, product, products_per_row, split_words,
+    Addend, DirectWeight, FUSED_MAX_IN, Product, PrologueInput, cube_float, fused_products,
+    product, products_per_row, split_words,
 };
 use cubecl::bytes::Bytes;
-use cubecl::client::{Client, Graph};
+use cubecl::client::{Client, Graph, ProfileWindow};
 use cubecl::prelude::*;
+use cubecl::profile::{ProfileDuration, TimingMethod};
 use cubecl::server::Handle;
+use std::cell::RefCell;
 
 use super::model::{Qwen2ForCausalLM, RmsNorm};
 use super::projection::Projection;
 use super::rope;
 use super::sampling::{Sampler, Sampling};
-use kernels::THREADS;
+use kernels::{ARGMAX_PARTS, NormInput, SiluInput, THREADS};
 
 /// Why the device step stopped.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +124,6 @@ struct Acts {
     h0: Handle,
     h1: Handle,
     split_h: Handle,
-    split_i: Handle,
     q: Handle,
     k: Handle,
     v: Handle,
@@ -136,7 +138,6 @@ impl Acts {
             h0: f32s(d.hidden),
             h1: f32s(d.hidden),
             split_h: f32s(split_words(1, d.hidden)),
-            split_i: f32s(split_words(1, d.inter)),
             q: f32s(d.hidden),
             k: f32s(d.kv_heads * d.head_dim),
             v: f32s(d.kv_heads * d.head_dim),
@@ -152,6 +153,9 @@ struct Buffers {
     logits: Handle,
     /// One head block's logits, before they are copied into `logits` (with several blocks).
     block_logits: Option<Handle>,
+    /// The greedy choice's first pass: each slice's maximum and its index, `ARGMAX_PARTS` of
+    /// each.
+    parts: (Handle, Handle),
     /// Token ids by position: the prompt, then the choices; `capacity + 1` of them.
     ids: Handle,
     pos: Handle,
@@ -174,6 +178,14 @@ enum Choice {
 }
 
 impl Choice {
+    /// Its launches.
+    fn launches(self) -> usize {
+        match self {
+            Self::Greedy => 2,
+            Self::TopP { .. } => 1,
+        }
+    }
+
     fn of(rule: Sampling) -> Self {
         match rule {
             Sampling::Greedy => Self::Greedy,
@@ -223,6 +235,16 @@ pub struct DeviceDecoder {
     /// The latest generation's first step position and how many steps it ran, which
     /// [`DeviceDecoder::device_time_per_step`] replays.
     last_run: Option<(usize, usize)>,
+    /// Open while [`DeviceDecoder::device_time_by_launch`] times a step's launches one by one.
+    timer: RefCell<Option<LaunchTimer>>,
+}
+
+/// The per-launch timing of one step: the window open since the previous launch, the windows
+/// closed so far with the kind of launch each holds, and the first failure.
+struct LaunchTimer {
+    window: Option<ProfileWindow>,
+    closed: Vec<(&'static str, ProfileDuration)>,
+    error: Option<String>,
 }
 
 fn f32_param(t: &burn::tensor::Tensor<1>) -> Option<CubeTensor> {
@@ -348,6 +370,8 @@ impl DeviceDecoder {
             && heads * head_dim == hidden
             && heads.is_multiple_of(kv_heads)
             && head_dim.is_multiple_of(16)
+            && hidden <= FUSED_MAX_IN
+            && inter <= FUSED_MAX_IN
             && head_dim <= THREADS
             && THREADS.is_multiple_of(head_dim)
             && layers.iter().all(|(_, _, w, _)| {
@@ -404,6 +428,7 @@ impl DeviceDecoder {
             acts: Acts::new(&client, &dims, 1),
             logits: f32s(vocab),
             block_logits: (head.len() > 1).then(|| f32s(widest)),
+            parts: (f32s(ARGMAX_PARTS), f32s(ARGMAX_PARTS)),
             ids: f32s(capacity + 1),
             pos: f32s(1),
             draws: f32s(capacity + 1),
@@ -428,6 +453,7 @@ impl DeviceDecoder {
             host: std::time::Duration::ZERO,
             chosen: 0,
             last_run: None,
+            timer: RefCell::new(None),
         })
     }
 
@@ -501,6 +527,74 @@ impl DeviceDecoder {
         Ok(ticks
             .filter(|_| on_device)
             .map(|t| t.duration() / steps as u32))
+    }
+
+    /// Where a step's device time goes: the device's time for each kind of launch, summed over
+    /// the step's launches of that kind, in the order each kind first runs. Runs the latest
+    /// generation's first step again (as [`Self::device_time_per_step`] does), each launch in
+    /// a timing window of its own, so each also counts its own start and drain on the device:
+    /// the kinds add up to more than [`Self::device_time_per_step`]. `None` where it does.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceStepError::Device`] when a launch, the timer or a read fails.
+    pub fn device_time_by_launch(
+        &mut self,
+    ) -> Result<Option<Vec<(&'static str, std::time::Duration)>>, DeviceStepError> {
+        let Some((first, _)) = self.last_run else {
+            return Ok(None);
+        };
+        self.client.write(&self.buf.pos, u32_bytes(first as u32));
+        let window = self.client.profile_start().map_err(device_error)?;
+        *self.timer.borrow_mut() = Some(LaunchTimer {
+            window: Some(window),
+            closed: Vec::new(),
+            error: None,
+        });
+        let launched = self.launch();
+        let timer = self.timer.borrow_mut().take().expect("set above");
+        if let Some(window) = timer.window {
+            self.client.profile_abandon(window);
+        }
+        launched?;
+        if let Some(e) = timer.error {
+            return Err(DeviceStepError::Device(e));
+        }
+        let mut kinds: Vec<(&'static str, std::time::Duration)> = Vec::new();
+        for (kind, timed) in timer.closed {
+            if timed.timing_method() != TimingMethod::Device {
+                return Ok(None);
+            }
+            let Some(ticks) = cubecl::future::block_on(timed.resolve()) else {
+                return Ok(None);
+            };
+            match kinds.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, total)) => *total += ticks.duration(),
+                None => kinds.push((kind, ticks.duration())),
+            }
+        }
+        Ok(Some(kinds))
+    }
+
+    /// Closes the timing window of the launch just enqueued as `kind` and opens the next one,
+    /// while [`Self::device_time_by_launch`] times; otherwise nothing.
+    fn timed(&self, kind: &'static str) {
+        let mut timer = self.timer.borrow_mut();
+        let Some(t) = timer.as_mut() else { return };
+        if let Some(window) = t.window.take() {
+            match self.client.profile_end(window) {
+                Ok(timed) => t.closed.push((kind, timed)),
+                Err(e) => {
+                    t.error.get_or_insert(e.to_string());
+                }
+            }
+        }
+        match self.client.profile_start() {
+            Ok(window) => t.window = Some(window),
+            Err(e) => {
+                t.error.get_or_insert(e.to_string());
+            }
+        }
     }
 
     /// Whether the step replays a recorded graph.
@@ -739,6 +833,7 @@ impl DeviceDecoder {
                     n,
                 );
             }
+            self.timed("embedding");
         }
         self.embed.len()
     }
@@ -760,7 +855,6 @@ impl DeviceDecoder {
         // cache's `kv_heads * capacity * head_dim`, at positions `pos + t` that they check
         // against `capacity`.
         for l in &self.layers {
-            rms_split(c, &a.h0, &l.in_norm, &a.split_h, d.hidden, 0, rows);
             let qkv = [
                 (&l.q, &l.q_bias, &a.q),
                 (&l.k, &l.k_bias, &a.k),
@@ -771,7 +865,13 @@ impl DeviceDecoder {
                 add: Addend::Bias(&bias.handle),
                 y,
             });
-            products_per_row(&a.split_h, rows, &qkv).map_err(device_error)?;
+            // SAFETY: the norm reads `rows` rows of `hidden` from `h0` and `hidden` weights,
+            // the lengths given; the outputs are other buffers.
+            unsafe {
+                fused_products::<NormInput>(norm_input(&a.h0, &l.in_norm, d, rows), rows, &qkv)
+            }
+            .map_err(device_error)?;
+            self.timed("q/k/v with the norm");
             if prefill {
                 unsafe {
                     kernels::cache_write_kernel::launch_unchecked(
@@ -789,6 +889,7 @@ impl DeviceDecoder {
                         d.head_dim,
                     );
                 }
+                self.timed("cache write");
                 count += 1;
             }
             unsafe {
@@ -814,39 +915,46 @@ impl DeviceDecoder {
                     prefill,
                 );
             }
+            self.timed("attention");
             let o = Product {
                 weight: &l.o,
                 add: Addend::Residual(&a.h0),
                 y: &a.h1,
             };
             products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
-            rms_split(c, &a.h1, &l.post_norm, &a.split_h, d.hidden, 0, rows);
+            self.timed("o-projection");
             let gate_up = [(&l.gate, &a.gate), (&l.up, &a.up)].map(|(weight, y)| Product {
                 weight,
                 add: Addend::None,
                 y,
             });
-            products_per_row(&a.split_h, rows, &gate_up).map_err(device_error)?;
-            let inter_blocks = rows * d.inter / 16;
+            // SAFETY: as for q/k/v, from `h1`.
             unsafe {
-                kernels::silu_split_kernel::launch_unchecked(
-                    c,
-                    CubeCount::Static(inter_blocks.div_ceil(64) as u32, 1, 1),
-                    CubeDim::new_1d(64),
-                    BufferArg::from_raw_parts(a.gate.clone(), rows * d.inter),
-                    BufferArg::from_raw_parts(a.up.clone(), rows * d.inter),
-                    BufferArg::from_raw_parts(a.split_i.clone(), 2 * inter_blocks),
-                    BufferArg::from_raw_parts(a.split_i.clone(), 9 * inter_blocks),
-                    rows * d.inter,
-                );
+                fused_products::<NormInput>(
+                    norm_input(&a.h1, &l.post_norm, d, rows),
+                    rows,
+                    &gate_up,
+                )
             }
+            .map_err(device_error)?;
+            self.timed("gate/up with the norm");
             let down = Product {
                 weight: &l.down,
                 add: Addend::Residual(&a.h1),
                 y: &a.h0,
             };
-            products_per_row(&a.split_i, rows, &[down]).map_err(device_error)?;
-            count += 8;
+            let silu = PrologueInput {
+                first: &a.gate,
+                first_len: rows * d.inter,
+                second: &a.up,
+                second_len: rows * d.inter,
+                scalar: 0.0,
+            };
+            // SAFETY: `silu(gate) * up` reads `rows` rows of `inter` from each, the lengths
+            // given; the output is `h0`.
+            unsafe { fused_products::<SiluInput>(silu, rows, &[down]) }.map_err(device_error)?;
+            self.timed("down with SiLU·mul");
+            count += 5;
         }
         Ok(count)
     }
@@ -859,14 +967,17 @@ impl DeviceDecoder {
         let c = &self.client;
         let split = &b.acts.split_h;
         rms_split(c, x, &self.norm, split, d.hidden, row, 1);
+        self.timed("final norm");
         let mut count = 1;
         for (w, first) in &self.head {
             let Some(block) = &b.block_logits else {
                 product(split, 1, w, Addend::None, &b.logits).map_err(device_error)?;
+                self.timed("LM head");
                 count += 1;
                 continue;
             };
             product(split, 1, w, Addend::None, block).map_err(device_error)?;
+            self.timed("LM head");
             let n = w.out_features();
             // SAFETY: `block` holds the widest head block's logits, `logits` `vocab`, and
             // `first + n <= vocab`.
@@ -881,6 +992,7 @@ impl DeviceDecoder {
                     n,
                 );
             }
+            self.timed("head block copy");
             count += 2;
         }
         // SAFETY: `logits` and the three scratch buffers hold `vocab` words, `ids` and `draws`
@@ -888,16 +1000,7 @@ impl DeviceDecoder {
         // `draws` there.
         unsafe {
             match self.choice {
-                Choice::Greedy => kernels::argmax_kernel::launch_unchecked(
-                    c,
-                    CubeCount::Static(1, 1, 1),
-                    CubeDim::new_1d(THREADS as u32),
-                    BufferArg::from_raw_parts(b.logits.clone(), d.vocab),
-                    BufferArg::from_raw_parts(b.ids.clone(), d.capacity + 1),
-                    BufferArg::from_raw_parts(b.pos.clone(), 1),
-                    d.vocab,
-                    d.capacity,
-                ),
+                Choice::Greedy => argmax(c, &b.logits, &b.parts, &b.ids, &b.pos, d),
                 Choice::TopP {
                     inv_temperature,
                     top_p,
@@ -919,13 +1022,65 @@ impl DeviceDecoder {
                 ),
             }
         }
-        Ok(count + 1)
+        self.timed("choice");
+        Ok(count + self.choice.launches())
     }
 }
 
 impl Drop for DeviceDecoder {
     fn drop(&mut self) {
         self.release_capture();
+    }
+}
+
+/// The greedy choice over `logits` (`vocab` values; the first of equal maxima, NaN never
+/// chosen) at the position in `pos`, which advances: two launches, through `parts`.
+///
+/// # Safety
+///
+/// `logits` holds `vocab` f32, each of `parts` `ARGMAX_PARTS` words, `ids` `capacity + 1`
+/// and `pos` one.
+unsafe fn argmax(
+    c: &Client,
+    logits: &Handle,
+    parts: &(Handle, Handle),
+    ids: &Handle,
+    pos: &Handle,
+    d: Dims,
+) {
+    // SAFETY: the caller's lengths; the first pass writes each part once (cube `c` of
+    // `ARGMAX_PARTS`), the second reads them and writes `ids` only at `pos + 1 <= capacity`.
+    unsafe {
+        kernels::argmax_part_kernel::launch_unchecked(
+            c,
+            CubeCount::Static(ARGMAX_PARTS as u32, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(logits.clone(), d.vocab),
+            BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS),
+            BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS),
+            d.vocab,
+        );
+        kernels::argmax_kernel::launch_unchecked(
+            c,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS),
+            BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS),
+            BufferArg::from_raw_parts(ids.clone(), d.capacity + 1),
+            BufferArg::from_raw_parts(pos.clone(), 1),
+            d.capacity,
+        );
+    }
+}
+
+/// What [`NormInput`] reads for `rows` rows of `x` (rows of `hidden` values) under norm `w`.
+fn norm_input<'a>(x: &'a Handle, w: &'a Norm, d: Dims, rows: usize) -> PrologueInput<'a> {
+    PrologueInput {
+        first: x,
+        first_len: rows * d.hidden,
+        second: &w.weight.handle,
+        second_len: d.hidden,
+        scalar: w.eps,
     }
 }
 
@@ -952,9 +1107,9 @@ fn rms_split(
             BufferArg::from_raw_parts(w.weight.handle.clone(), n),
             BufferArg::from_raw_parts(out.clone(), 2 * blocks),
             BufferArg::from_raw_parts(out.clone(), 9 * blocks),
-            n,
             w.eps,
             first_row,
+            n,
         );
     }
 }

@@ -4,12 +4,16 @@
 
 use burn::tensor::Tensor;
 use burn_cubecl::cubecl;
-use burn_mapped::q8::direct::cube_float;
+use burn_mapped::q8::direct::{
+    Addend, DirectWeight, Product, PrologueInput, cube_float, fused_products,
+};
+use burn_mapped::q8::{Q8Weight, quantize_rows};
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::kernels::{self, THREADS};
+use super::kernels::{self, ARGMAX_PARTS, THREADS};
+use super::{Dims, argmax};
 use crate::qwen2::rope;
 
 fn client() -> Option<Client> {
@@ -82,6 +86,20 @@ fn assert_split_close(got: &[(f64, f64)], want: &[f64], what: &str) {
     }
 }
 
+/// RMSNorm of each row of `x` (rows of `w.len()` values) with weight `w`, in f64.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
+    let n = w.len();
+    x.chunks_exact(n)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+            row.iter()
+                .zip(w)
+                .map(move |(&x, &w)| f64::from(x) * inv * f64::from(w))
+        })
+        .collect()
+}
+
 #[test]
 fn rms_split_is_the_norm_within_the_split() {
     let Some(c) = client() else { return };
@@ -102,46 +120,143 @@ fn rms_split_is_the_norm_within_the_split() {
                 BufferArg::from_raw_parts(upload(&c, &w), n),
                 BufferArg::from_raw_parts(out.clone(), 2 * 2 * n / 16),
                 BufferArg::from_raw_parts(out.clone(), 2 * 9 * n / 16),
-                n,
                 eps,
                 1,
+                n,
             );
         }
-        let want: Vec<f64> = x[n..]
-            .chunks_exact(n)
-            .flat_map(|row| {
-                let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64;
-                let inv = 1.0 / (ms + f64::from(eps)).sqrt();
-                row.iter()
-                    .zip(&w)
-                    .map(move |(&x, &w)| f64::from(x) * inv * f64::from(w))
-            })
-            .collect();
+        let want = rms_norm(&x[n..], &w, eps);
         assert_split_close(&unsplit(&words(&c, &out), 2 * n), &want, "rms");
     }
 }
 
-#[test]
-fn silu_split_is_silu_times_up_within_the_split() {
-    let Some(c) = client() else { return };
-    let n = 4864;
-    let gate: Vec<f32> = values(n, 3).iter().map(|v| 8.0 * v).collect();
-    let up = values(n, 4);
-    let out = c.empty(9 * n / 16 * 4);
-    // SAFETY: `gate`, `up` hold `n` f32 and `out` a split of `n` values.
-    unsafe {
-        kernels::silu_split_kernel::launch_unchecked(
-            &c,
-            CubeCount::Static((n / 16).div_ceil(64) as u32, 1, 1),
-            CubeDim::new_1d(64),
-            BufferArg::from_raw_parts(upload(&c, &gate), n),
-            BufferArg::from_raw_parts(upload(&c, &up), n),
-            BufferArg::from_raw_parts(out.clone(), 2 * n / 16),
-            BufferArg::from_raw_parts(out.clone(), 9 * n / 16),
-            n,
+/// A q8 weight `[out, inp]` quantized from a fixed stream, on the tests' wgpu device, and its
+/// values and scales in f64.
+fn q8_weight(out: usize, inp: usize, seed: u64) -> (DirectWeight, Vec<f64>, Vec<f64>) {
+    let device = burn_mapped_tests::gpu::wgpu_device().expect("a client implies a device");
+    let rows = quantize_rows(&values(out * inp, seed), out, inp).expect("finite weights");
+    let weight = Q8Weight::from_rows(&rows, out, inp, &device).expect("a q8 weight");
+    let direct = DirectWeight::new(&weight).expect("whole blocks on a CubeCL device");
+    let q = rows.values.iter().map(|&v| f64::from(v)).collect();
+    let s = rows.scales.iter().map(|s| s.to_f64()).collect();
+    (direct, q, s)
+}
+
+/// `x W^T` of `rows` rows of `x` (f64, rows of `inp`) under a q8 weight, with each element's
+/// bound: the split rounds every value to half a step of its block (`max |x| / 32639`, 2 %
+/// margin for the kernel's f32 step), and the kernel's f32 input and sums add `1e-5` of the
+/// magnitudes.
+fn product_bounds(x: &[f64], q: &[f64], s: &[f64], inp: usize) -> Vec<(f64, f64)> {
+    let out = s.len();
+    x.chunks_exact(inp)
+        .flat_map(|row| {
+            let half_step: Vec<f64> = row
+                .chunks_exact(16)
+                .map(|b| b.iter().fold(0f64, |m, v| m.max(v.abs())) / 32639.0 / 2.0)
+                .collect();
+            (0..out)
+                .map(|o| {
+                    let w = &q[o * inp..][..inp];
+                    let dot: f64 = w.iter().zip(row).map(|(w, x)| w * x).sum();
+                    let mag: f64 = w.iter().zip(row).map(|(w, x)| (w * x).abs()).sum();
+                    let round: f64 = (0..inp).map(|i| w[i].abs() * half_step[i / 16]).sum();
+                    (s[o] * dot, s[o].abs() * (1.02 * round + 1e-5 * mag))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &(w, bound))) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= bound,
+            "{what}[{i}]: {g} against {w} (error {err:e}, bound {bound:e})"
         );
     }
-    let want: Vec<f64> = gate
+}
+
+#[test]
+fn fused_norm_products_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // Two rows of the hidden width (56 blocks: fewer than a cube's threads), three products of
+    // row counts that leave cubes part-full (with biases, as q, k and v), the widest with rows
+    // enough for two rows per thread, on rows of unequal magnitude.
+    let (n, rows, eps) = (896usize, 2usize, 1e-6f32);
+    let mut x: Vec<f32> = values(rows * n, 40).iter().map(|v| 3.0 * v).collect();
+    x[n..].iter_mut().for_each(|v| *v *= 1e-3);
+    let w: Vec<f32> = values(n, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let outs = [2056usize, 40, 24];
+    let weights: Vec<_> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, &o)| q8_weight(o, n, 42 + i as u64))
+        .collect();
+    let biases: Vec<Vec<f32>> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, &o)| values(o, 50 + i as u64))
+        .collect();
+    let (xh, wh) = (upload(&c, &x), upload(&c, &w));
+    let bh: Vec<Handle> = biases.iter().map(|b| upload(&c, b)).collect();
+    let ys: Vec<Handle> = outs
+        .iter()
+        .map(|&o| upload(&c, &vec![f32::NAN; rows * o]))
+        .collect();
+    let parts: Vec<Product> = (0..3)
+        .map(|i| Product {
+            weight: &weights[i].0,
+            add: Addend::Bias(&bh[i]),
+            y: &ys[i],
+        })
+        .collect();
+    let input = PrologueInput {
+        first: &xh,
+        first_len: rows * n,
+        second: &wh,
+        second_len: n,
+        scalar: eps,
+    };
+    // SAFETY: the norm reads `rows` rows of `n` and `n` weights, the lengths given.
+    unsafe { fused_products::<kernels::NormInput>(input, rows, &parts) }.expect("launch");
+    let normed = rms_norm(&x, &w, eps);
+    for (i, ((weight, q, s), bias)) in weights.iter().zip(&biases).enumerate() {
+        let mut want = product_bounds(&normed, q, s, n);
+        for (k, (value, _)) in want.iter_mut().enumerate() {
+            *value += f64::from(bias[k % weight.out_features()]);
+        }
+        assert_within(&floats(&c, &ys[i]), &want, &format!("part {i}"));
+    }
+}
+
+#[test]
+fn fused_silu_product_adds_the_residual() {
+    let Some(c) = client() else { return };
+    // The intermediate width (304 blocks: several per thread), two rows, a residual addend.
+    let (n, rows, out) = (4864usize, 2usize, 24usize);
+    let gate: Vec<f32> = values(rows * n, 60).iter().map(|v| 8.0 * v).collect();
+    let up = values(rows * n, 61);
+    let residual = values(rows * out, 62);
+    let (weight, q, s) = q8_weight(out, n, 63);
+    let (gh, uh, rh) = (upload(&c, &gate), upload(&c, &up), upload(&c, &residual));
+    let y = upload(&c, &vec![f32::NAN; rows * out]);
+    let input = PrologueInput {
+        first: &gh,
+        first_len: rows * n,
+        second: &uh,
+        second_len: rows * n,
+        scalar: 0.0,
+    };
+    let down = Product {
+        weight: &weight,
+        add: Addend::Residual(&rh),
+        y: &y,
+    };
+    // SAFETY: `silu(gate) * up` reads `rows` rows of `n` of each, the lengths given.
+    unsafe { fused_products::<kernels::SiluInput>(input, rows, &[down]) }.expect("launch");
+    let act: Vec<f64> = gate
         .iter()
         .zip(&up)
         .map(|(&g, &u)| {
@@ -149,7 +264,11 @@ fn silu_split_is_silu_times_up_within_the_split() {
             g / (1.0 + (-g).exp()) * f64::from(u)
         })
         .collect();
-    assert_split_close(&unsplit(&words(&c, &out), n), &want, "silu");
+    let mut want = product_bounds(&act, &q, &s, n);
+    for (value, r) in want.iter_mut().zip(&residual) {
+        value.0 += f64::from(*r);
+    }
+    assert_within(&floats(&c, &y), &want, "down");
 }
 
 /// `x` rotated by position `pos`'s angles, per head of `d` (the host step's RoPE, in f64).
@@ -291,30 +410,41 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
 #[test]
 fn argmax_takes_the_first_maximum() {
     let Some(c) = client() else { return };
-    let n = 1000;
-    let mut logits = values(n, 10);
-    logits[3] = f32::NAN;
-    logits[700] = 5.0;
-    logits[300] = 5.0;
-    let logits = upload(&c, &logits);
     let capacity = 8;
-    let ids = upload_u32(&c, &[11, 12, 13, 14, 15, 16, 17, 18, 19]);
-    let p = upload_u32(&c, &[4]);
-    // SAFETY: `logits` holds `n` f32, `ids` `capacity + 1` ids, `p` one word.
-    unsafe {
-        kernels::argmax_kernel::launch_unchecked(
-            &c,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_1d(THREADS as u32),
-            BufferArg::from_raw_parts(logits.clone(), n),
-            BufferArg::from_raw_parts(ids.clone(), capacity + 1),
-            BufferArg::from_raw_parts(p.clone(), 1),
-            n,
+    // A vocabulary of a few values per slice of the first pass, one of fewer values than
+    // slices (most slices empty), and one of many per slice with the maxima in different
+    // slices; NaN never chosen.
+    for (n, first, second) in [(1000, 300, 700), (50, 17, 40), (151_936, 30_000, 140_000)] {
+        let mut logits = values(n, 10);
+        logits[3] = f32::NAN;
+        logits[second] = 5.0;
+        logits[first] = 5.0;
+        let logits = upload(&c, &logits);
+        let ids = upload_u32(&c, &[11, 12, 13, 14, 15, 16, 17, 18, 19]);
+        let p = upload_u32(&c, &[4]);
+        let parts = (
+            upload(&c, &[0.0; ARGMAX_PARTS]),
+            upload(&c, &[0.0; ARGMAX_PARTS]),
+        );
+        let d = Dims {
+            hidden: 0,
+            heads: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            inter: 0,
+            vocab: n,
             capacity,
+        };
+        // SAFETY: `logits` holds `n` f32, `ids` `capacity + 1` ids, `p` one word, each part
+        // `ARGMAX_PARTS`.
+        unsafe { argmax(&c, &logits, &parts, &ids, &p, d) };
+        // The first of the two maxima, at the next position; the position advances.
+        assert_eq!(
+            (words(&c, &ids)[5], words(&c, &p)[0]),
+            (first as u32, 5),
+            "vocabulary of {n}"
         );
     }
-    // The first of the two maxima, at the next position; the position advances.
-    assert_eq!((words(&c, &ids)[5], words(&c, &p)[0]), (300, 5));
 }
 
 /// The top-p kernel's choice for `logits` and the draw `u`, and the position after.
