@@ -398,32 +398,24 @@ impl DeviceRun<'_> {
         let generated =
             decoder.generate(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
         // A timing that fails costs the figure, not the tokens already generated.
-        let device_us_per_token = if self.time_device {
-            match decoder.device_time_per_step(usize::MAX) {
-                Ok(t) => t.map(|t| t.as_secs_f64() * 1e6),
-                Err(e) => {
-                    eprintln!("--device-time: {e}");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let device_us_by_launch = if self.time_device {
-            match decoder.device_time_by_launch() {
-                Ok(kinds) => kinds.map(|kinds| {
-                    kinds
-                        .into_iter()
-                        .map(|(kind, t)| (kind, t.as_secs_f64() * 1e6))
-                        .collect()
+        fn timing<T>(what: &str, timed: Result<Option<T>, impl std::fmt::Display>) -> Option<T> {
+            timed.unwrap_or_else(|e| {
+                eprintln!("--device-time ({what}): {e}");
+                None
+            })
+        }
+        let us = |t: std::time::Duration| t.as_secs_f64() * 1e6;
+        let (device_us_per_token, device_us_by_launch) = if self.time_device {
+            let per_token = timing("per token", decoder.device_time_per_step(usize::MAX));
+            let by_launch = timing("by launch", decoder.device_time_by_launch());
+            (
+                per_token.map(us),
+                by_launch.map(|kinds: Vec<_>| {
+                    kinds.into_iter().map(|(kind, t)| (kind, us(t))).collect()
                 }),
-                Err(e) => {
-                    eprintln!("--device-time (by launch): {e}");
-                    None
-                }
-            }
+            )
         } else {
-            None
+            (None, None)
         };
         let path = DecodePath {
             name: if decoder.is_recorded() {

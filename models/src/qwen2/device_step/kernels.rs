@@ -105,15 +105,8 @@ fn norm_split(
         let f = xv[k] * xv[k];
         acc += f.extract(0usize) + f.extract(1usize) + f.extract(2usize) + f.extract(3usize);
     }
-    // Every thread adds the partial sums itself, in one order for all, so all hold the same
-    // total without a second barrier.
     let mut shared = Shared::<[f32]>::new_slice(threads);
-    shared[tid] = acc;
-    sync_cube();
-    let mut total = 0.0f32;
-    for j in 0..threads {
-        total += shared[j];
-    }
+    let total = cube_total(acc, &mut shared, threads);
     let inv = F4::new(1.0f32 / f32::sqrt(total / comptime!(n as f32) + eps));
     #[unroll]
     for r in 0..per {
@@ -122,7 +115,7 @@ fn norm_split(
             let mut v = Array::<F4>::new(4usize);
             #[unroll]
             for i in 0..4usize {
-                v[i] = xv[r * 4 + i] * inv * wv[r * 4 + i];
+                v[i] = xv[4 * r + i] * inv * wv[4 * r + i];
             }
             split_block(&v, xq, xs, first + b, all, xs_at);
         }
@@ -212,8 +205,8 @@ impl Prologue for SiluInput {
                 let mut v = Array::<F4>::new(4usize);
                 #[unroll]
                 for i in 0..4usize {
-                    let g = gv[r * 4 + i];
-                    let u = uv[r * 4 + i];
+                    let g = gv[4 * r + i];
+                    let u = uv[4 * r + i];
                     let mut four = F4::new(0.0f32);
                     #[unroll]
                     for c in 0..4usize {
@@ -596,17 +589,24 @@ fn advance(ids: &mut [u32], pos: &mut [u32], choice: u32, capacity: usize) {
     pos[0] = next;
 }
 
-/// The sum over the cube of every thread's `local`, the same in every thread: all add the
-/// partial sums in one order.
+/// The sum over a cube of `threads` threads of every thread's `local`, the same in every
+/// thread: all add the partial sums in one order, so no second barrier is needed before they
+/// use it (but one is before `shared` is written again: [`cube_sum`]).
 #[cube]
-fn cube_sum(local: f32, shared: &mut Shared<[f32]>) -> f32 {
-    let tid = UNIT_POS as usize;
-    shared[tid] = local;
+fn cube_total(local: f32, shared: &mut Shared<[f32]>, #[comptime] threads: usize) -> f32 {
+    shared[UNIT_POS as usize] = local;
     sync_cube();
     let mut total = 0.0f32;
-    for j in 0..THREADS {
+    for j in 0..threads {
         total += shared[j];
     }
+    total
+}
+
+/// [`cube_total`] over [`THREADS`], with `shared` free to be written again after it.
+#[cube]
+fn cube_sum(local: f32, shared: &mut Shared<[f32]>) -> f32 {
+    let total = cube_total(local, shared, THREADS);
     sync_cube();
     total
 }

@@ -9,9 +9,10 @@
 //! device microseconds however little it does: the q/k/v products, each cube of which norms
 //! the row itself (`fused_products`); attention with RoPE and the cache write, splitting its
 //! output; the o-projection adding the residual; gate and up, norming as q/k/v do; and the
-//! down projection, each cube computing `silu(gate) * up` itself, adding the residual. The choice runs on the device too, greedy or top-p (the host writes the sampler's
-//! draws once, by position), and writes the next token's id where the next step reads it: the
-//! host only reads ids back.
+//! down projection, each cube computing `silu(gate) * up` itself, adding the residual. The
+//! choice runs on the device too, greedy or top-p (the host writes the sampler's draws once, by
+//! position), and writes the next token's id where the next step reads it: the host only reads
+//! ids back.
 //!
 //! That makes the step recordable: the first step runs as launches while CubeCL prepares a
 //! capture, the second is recorded (`Client::start_capture`), and every later step replays the
@@ -28,9 +29,9 @@
 //! compilation is most of a short prompt's time to its first token.
 //!
 //! It takes a model whose projections and LM head are q8 with rows of whole dp4a blocks (at
-//! most `FUSED_MAX_IN` values wide) and whose other parameters are `f32`, on a CubeCL device, its vocabulary matrices whole or in
-//! row blocks (a lookup per embedding block, a product and a copy per head block); anything
-//! else decodes through tensor ops.
+//! most `FUSED_MAX_IN` values wide) and whose other parameters are `f32`, on a CubeCL device,
+//! its vocabulary matrices whole or in row blocks (a lookup per embedding block, a product and
+//! a copy per head block); anything else decodes through tensor ops.
 
 mod kernels;
 #[cfg(test)]
@@ -522,7 +523,7 @@ impl DeviceDecoder {
         }
         let timed = self.client.profile_end(window).map_err(device_error)?;
         self.release_capture();
-        let on_device = timed.timing_method() == cubecl::profile::TimingMethod::Device;
+        let on_device = timed.timing_method() == TimingMethod::Device;
         let ticks = cubecl::future::block_on(timed.resolve());
         Ok(ticks
             .filter(|_| on_device)
