@@ -22,6 +22,9 @@ const LOWEST: f32 = -3.4e38;
 /// Values per split block.
 const BLOCK: usize = 16;
 
+/// Positions whose values an attention thread loads at once.
+const VALUE_BATCH: usize = 16;
+
 /// Row `ids[pos + t]` of the embedding rows `first..first + rows` (a block of the vocabulary,
 /// or all of it) into row `t` of `h`, `t` the cube's row of the grid; a token outside the
 /// block writes nothing. One thread per value.
@@ -286,7 +289,10 @@ pub(super) fn cache_write_kernel(
 /// another writes in the same launch. With `cached`, [`cache_write_kernel`] wrote every row's
 /// key and value before, and all are read from the cache.
 ///
-/// `kc`/`vc` are `[kv_heads, capacity, head_dim]`; `cos`/`sin` `[capacity, head_dim / 2]`.
+/// `kc`/`vc` are `[kv_heads, capacity, head_dim]`; `keys` is `kc` again, bound as vectors of
+/// four so that a thread reads its key in `head_dim / 4` loads rather than `head_dim` (every
+/// thread reads a different key: each load of a warp touches as many lines as it has threads,
+/// whatever its width). `cos`/`sin` are `[capacity, head_dim / 2]`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention_kernel(
@@ -298,6 +304,7 @@ pub(super) fn attention_kernel(
     pos: &[u32],
     kc: &mut [f32],
     vc: &mut [f32],
+    keys: &[F4],
     xq: &mut [Word4],
     xs: &mut [f32],
     capacity: usize,
@@ -369,10 +376,14 @@ pub(super) fn attention_kernel(
         if p < len {
             let mut dot = 0.0f32;
             if p < fresh {
-                let row = base + p * head_dim;
+                let row = (base + p * head_dim) / 4;
                 #[unroll]
-                for j in 0..head_dim {
-                    dot += sq[j] * kc[row + j];
+                for j in 0..comptime!(head_dim / 4) {
+                    let key = keys[row + j];
+                    #[unroll]
+                    for c in 0..4usize {
+                        dot += sq[4 * j + c] * key.extract(c);
+                    }
                 }
             } else {
                 #[unroll]
@@ -410,36 +421,35 @@ pub(super) fn attention_kernel(
         if n > THREADS {
             n = THREADS;
         }
-        // Eight positions' values loaded before they are added: eight loads in flight, not one.
+        // The values of `VALUE_BATCH` positions loaded before any is added (the batch past `n`
+        // masked rather than finished one position at a time): a thread waits on its loads
+        // once per batch, not once per position.
         let mut j = part;
-        while j + 7 * parts < n {
-            let mut vals = Array::<f32>::new(8usize);
+        while j < n {
+            let mut vals = Array::<f32>::new(VALUE_BATCH);
+            let mut ws = Array::<f32>::new(VALUE_BATCH);
             #[unroll]
-            for u in 0..8usize {
-                let pp = start + j + u * parts;
-                let mut value = sv[d];
-                if pp < fresh {
-                    value = vc[base + pp * head_dim + d];
+            for u in 0..VALUE_BATCH {
+                let jj = j + u * parts;
+                let mut value = 0.0f32;
+                let mut weight = 0.0f32;
+                if jj < n {
+                    let pp = start + jj;
+                    weight = sc[jj];
+                    value = sv[d];
+                    if pp < fresh {
+                        value = vc[base + pp * head_dim + d];
+                    }
                 }
                 vals[u] = value;
+                ws[u] = weight;
             }
             #[unroll]
-            for u in 0..8usize {
-                let weight = sc[j + u * parts];
-                l += weight;
-                acc += weight * vals[u];
+            for u in 0..VALUE_BATCH {
+                l += ws[u];
+                acc += ws[u] * vals[u];
             }
-            j += 8 * parts;
-        }
-        while j < n {
-            let pp = start + j;
-            let mut value = sv[d];
-            if pp < fresh {
-                value = vc[base + pp * head_dim + d];
-            }
-            l += sc[j];
-            acc += sc[j] * value;
-            j += parts;
+            j += VALUE_BATCH * parts;
         }
         sync_cube();
         start += THREADS;

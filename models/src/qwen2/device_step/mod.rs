@@ -906,6 +906,7 @@ impl DeviceDecoder {
                     BufferArg::from_raw_parts(b.pos.clone(), 1),
                     BufferArg::from_raw_parts(l.kc.clone(), cache),
                     BufferArg::from_raw_parts(l.vc.clone(), cache),
+                    BufferArg::from_raw_parts(l.kc.clone(), cache / 4),
                     BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
                     BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
                     d.capacity,
