@@ -22,6 +22,9 @@ const LOWEST: f32 = -3.4e38;
 /// Values per split block.
 const BLOCK: usize = 16;
 
+/// Values a pass of the top-p choice loads at once, per thread.
+const LOAD_BATCH: usize = 8;
+
 /// Positions whose values an attention thread loads at once.
 const VALUE_BATCH: usize = 16;
 
@@ -621,6 +624,21 @@ fn cube_sum(local: f32, shared: &mut Shared<[f32]>) -> f32 {
     total
 }
 
+/// `logits[i..i + LOAD_BATCH]`, [`LOWEST`] past `end`.
+#[cube]
+fn logit_batch(logits: &[f32], i: usize, end: usize) -> Array<f32> {
+    let mut batch = Array::<f32>::new(LOAD_BATCH);
+    #[unroll]
+    for u in 0..LOAD_BATCH {
+        let mut x = LOWEST.runtime();
+        if i + u < end {
+            x = logits[i + u];
+        }
+        batch[u] = x;
+    }
+    batch
+}
+
 /// The least (`least`) or the greatest of every thread's `local` over the cube, the same in
 /// every thread.
 #[cube]
@@ -639,8 +657,70 @@ fn cube_extreme(local: u32, shared: &mut Shared<[u32]>, #[comptime] least: bool)
     pick
 }
 
-/// Nucleus sampling over `logits` (`n` values) with temperature `1 / inv_temperature`, then the
-/// step's bookkeeping ([`advance`]); the draw in `[0, 1)` is `draws[pos + 1]`, written by the
+/// Top-p's first pass: cube `c` writes the largest of its slice of `logits` (`n` values in
+/// [`ARGMAX_PARTS`] consecutive slices, as [`argmax_part_kernel`]'s) to `part_m[c]` and the
+/// sum of its weights `exp((x - m) * inv_temperature)` relative to that maximum `m` to
+/// `part_s[c]`: each thread keeps a running maximum and sum, and the cube combines them. An
+/// empty slice writes [`LOWEST`] and 0; a NaN or infinite logit makes its slice's sum NaN.
+#[cube(launch_unchecked)]
+pub(super) fn softmax_part_kernel(
+    logits: &[f32],
+    part_m: &mut [f32],
+    part_s: &mut [f32],
+    n: usize,
+    inv_temperature: f32,
+) {
+    let tid = UNIT_POS as usize;
+    let c = CUBE_POS_X as usize;
+    let mut shared = Shared::<[f32]>::new_slice(THREADS);
+    let chunk = n.div_ceil(ARGMAX_PARTS);
+    let start = c * chunk;
+    let mut end = start + chunk;
+    if end > n {
+        end = n;
+    }
+    let mut m = LOWEST.runtime();
+    let mut s = 0.0f32;
+    let mut i = start + tid;
+    while i < end {
+        let x = logits[i];
+        let top = f32::max(m, x);
+        s = s * f32::exp((m - top) * inv_temperature) + f32::exp((x - top) * inv_temperature);
+        m = top;
+        i += THREADS;
+    }
+    let top = cube_greatest(m, &mut shared);
+    let total = cube_sum(s * f32::exp((m - top) * inv_temperature), &mut shared);
+    if tid == 0 {
+        part_m[c] = top;
+        part_s[c] = total;
+    }
+}
+
+/// The greatest of every thread's `local` over the cube, the same in every thread, with
+/// `shared` free to be written again after it.
+#[cube]
+fn cube_greatest(local: f32, shared: &mut Shared<[f32]>) -> f32 {
+    shared[UNIT_POS as usize] = local;
+    sync_cube();
+    let mut top = LOWEST.runtime();
+    for j in 0..THREADS {
+        top = f32::max(top, shared[j]);
+    }
+    sync_cube();
+    top
+}
+
+/// The weight of `logit` under the maximum `top` and the temperature `1 / inv_temperature`:
+/// the one expression every pass of [`top_p_kernel`] computes it by.
+#[cube]
+fn weight_of(logit: f32, top: f32, inv_temperature: f32) -> f32 {
+    f32::exp((logit - top) * inv_temperature)
+}
+
+/// Nucleus sampling over `logits` (`n` values) with temperature `1 / inv_temperature`, after
+/// [`softmax_part_kernel`] wrote the slices' maxima and sums to `part_m`/`part_s`; then the
+/// step's bookkeeping ([`advance`]). The draw in `[0, 1)` is `draws[pos + 1]`, written by the
 /// host. A NaN or infinite logit chooses nothing (`n`). One cube of [`THREADS`].
 ///
 /// The rule is [`Sampler`](crate::qwen2::Sampler)'s: the weights `exp((x - max) / T)`; the
@@ -655,6 +735,9 @@ fn cube_extreme(local: u32, shared: &mut Shared<[u32]>, #[comptime] least: bool)
 ///   largest `k` whose weights `>= k` reach the goal.
 /// - The walks in id order (ties at `k`, then the draw) give each thread a contiguous run of
 ///   the candidates, so it needs only the sums of the runs before its own.
+///
+/// The passes over the vocabulary and the candidates load [`LOAD_BATCH`] values before they
+/// use any: one cube's thread otherwise waits on its loads one after another.
 #[cube(launch_unchecked)]
 // Index loops and the spelled-out `div_ceil`: what the `#[cube]` expansion takes.
 #[allow(
@@ -664,7 +747,8 @@ fn cube_extreme(local: u32, shared: &mut Shared<[u32]>, #[comptime] least: bool)
 )]
 pub(super) fn top_p_kernel(
     logits: &[f32],
-    weights: &mut [f32],
+    part_m: &[f32],
+    part_s: &[f32],
     cand: &mut [f32],
     cand_ids: &mut [u32],
     draws: &[f32],
@@ -680,33 +764,23 @@ pub(super) fn top_p_kernel(
     let mut sg = Shared::<[f32]>::new_slice(THREADS);
     let mut su = Shared::<[u32]>::new_slice(THREADS);
 
-    // The passes without an order stride by the cube (coalesced).
+    // The maximum and the total from the slices': each slice's sum rescaled to the maximum.
     let mut local = LOWEST.runtime();
-    let mut i = tid;
-    while i < n {
-        local = f32::max(local, logits[i]);
-        i += THREADS;
+    let mut j = tid;
+    while j < ARGMAX_PARTS {
+        local = f32::max(local, part_m[j]);
+        j += THREADS;
     }
-    sf[tid] = local;
-    sync_cube();
-    let mut top = LOWEST.runtime();
-    for j in 0..THREADS {
-        top = f32::max(top, sf[j]);
-    }
-    sync_cube();
+    let top = cube_greatest(local, &mut sf);
     let mut local = 0.0f32;
-    let mut i = tid;
-    while i < n {
-        let w = f32::exp((logits[i] - top) * inv_temperature);
-        weights[i] = w;
-        local += w;
-        i += THREADS;
+    let mut j = tid;
+    while j < ARGMAX_PARTS {
+        local += part_s[j] * weight_of(part_m[j], top, inv_temperature);
+        j += THREADS;
     }
     let total = cube_sum(local, &mut sf);
     let goal = top_p * total;
     let floor = (total - goal) * 0.5f32 / f32::cast_from(n);
-    // The copy below reads contiguous runs of weights that other threads wrote.
-    sync_storage();
 
     let chunk = (n + THREADS - 1) / THREADS;
     let mut begin = tid * chunk;
@@ -718,10 +792,16 @@ pub(super) fn top_p_kernel(
         end = n;
     }
     let mut count = 0u32;
-    for i in begin..end {
-        if weights[i] >= floor {
-            count += 1;
+    let mut i = begin;
+    while i < end {
+        let batch = logit_batch(logits, i, end);
+        #[unroll]
+        for u in 0..LOAD_BATCH {
+            if i + u < end && weight_of(batch[u], top, inv_temperature) >= floor {
+                count += 1;
+            }
         }
+        i += LOAD_BATCH;
     }
     su[tid] = count;
     sync_cube();
@@ -735,13 +815,19 @@ pub(super) fn top_p_kernel(
         }
     }
     sync_cube();
-    for i in begin..end {
-        let w = weights[i];
-        if w >= floor {
-            cand[at] = w;
-            cand_ids[at] = u32::cast_from(i);
-            at += 1;
+    let mut i = begin;
+    while i < end {
+        let batch = logit_batch(logits, i, end);
+        #[unroll]
+        for u in 0..LOAD_BATCH {
+            let w = weight_of(batch[u], top, inv_temperature);
+            if i + u < end && w >= floor {
+                cand[at] = w;
+                cand_ids[at] = u32::cast_from(i + u);
+                at += 1;
+            }
         }
+        i += LOAD_BATCH;
     }
     sync_storage();
 
@@ -758,11 +844,22 @@ pub(super) fn top_p_kernel(
         let mut local = 0.0f32;
         let mut j = tid;
         while j < searched {
-            let w = cand[j];
-            if u32::reinterpret(w) >= mid {
-                local += w;
+            let mut batch = Array::<f32>::new(LOAD_BATCH);
+            #[unroll]
+            for u in 0..LOAD_BATCH {
+                let mut w = 0.0f32;
+                if j + u * THREADS < searched {
+                    w = cand[j + u * THREADS];
+                }
+                batch[u] = w;
             }
-            j += THREADS;
+            #[unroll]
+            for u in 0..LOAD_BATCH {
+                if u32::reinterpret(batch[u]) >= mid {
+                    local += batch[u];
+                }
+            }
+            j += LOAD_BATCH * THREADS;
         }
         if cube_sum(local, &mut sf) >= goal {
             lo = mid;

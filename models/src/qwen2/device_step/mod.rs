@@ -109,7 +109,7 @@ struct Layer {
     vc: Handle,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Dims {
     hidden: usize,
     heads: usize,
@@ -154,21 +154,24 @@ struct Buffers {
     logits: Handle,
     /// One head block's logits, before they are copied into `logits` (with several blocks).
     block_logits: Option<Handle>,
-    /// The greedy choice's first pass: each slice's maximum and its index, `ARGMAX_PARTS` of
-    /// each.
+    /// The choice's first pass, `ARGMAX_PARTS` words each: each slice's maximum and its index
+    /// (greedy), or its maximum and its weights' sum (top-p).
     parts: (Handle, Handle),
     /// Token ids by position: the prompt, then the choices; `capacity + 1` of them.
     ids: Handle,
     pos: Handle,
-    /// Top-p's draw in `[0, 1)` for the token at each position, `capacity + 1` of them.
-    draws: Handle,
-    /// Top-p's scratch, one word per vocabulary entry each: the weights, the candidates' weights
-    /// and their ids.
-    weights: Handle,
-    cand: Handle,
-    cand_ids: Handle,
+    nucleus: Nucleus,
     cos: Handle,
     sin: Handle,
+}
+
+/// Top-p's own buffers.
+struct Nucleus {
+    /// The draw in `[0, 1)` for the token at each position, `capacity + 1` of them.
+    draws: Handle,
+    /// Scratch, one word per vocabulary entry each: the candidates' weights and their ids.
+    cand: Handle,
+    cand_ids: Handle,
 }
 
 /// How the step chooses the next token: a launch argument of its last kernel.
@@ -182,8 +185,7 @@ impl Choice {
     /// Its launches.
     fn launches(self) -> usize {
         match self {
-            Self::Greedy => 2,
-            Self::TopP { .. } => 1,
+            Self::Greedy | Self::TopP { .. } => 2,
         }
     }
 
@@ -432,10 +434,11 @@ impl DeviceDecoder {
             parts: (f32s(ARGMAX_PARTS), f32s(ARGMAX_PARTS)),
             ids: f32s(capacity + 1),
             pos: f32s(1),
-            draws: f32s(capacity + 1),
-            weights: f32s(vocab),
-            cand: f32s(vocab),
-            cand_ids: f32s(vocab),
+            nucleus: Nucleus {
+                draws: f32s(capacity + 1),
+                cand: f32s(vocab),
+                cand_ids: f32s(vocab),
+            },
             cos: client.create_from_slice(f32::as_bytes(&cos)),
             sin: client.create_from_slice(f32::as_bytes(&sin)),
         };
@@ -675,7 +678,8 @@ impl DeviceDecoder {
             for d in &mut draws[n..n + max_new_tokens] {
                 *d = (ahead.draw() as f32).min(below_one);
             }
-            self.client.write(&self.buf.draws, Bytes::from_elems(draws));
+            self.client
+                .write(&self.buf.nucleus.draws, Bytes::from_elems(draws));
         }
         let mut ids = vec![0u32; self.dims.capacity + 1];
         ids[..n].copy_from_slice(prompt);
@@ -997,28 +1001,22 @@ impl DeviceDecoder {
             self.timed("head block copy");
             count += 2;
         }
-        // SAFETY: `logits` and the three scratch buffers hold `vocab` words, `ids` and `draws`
-        // `capacity + 1`, `pos` one; the kernels write `ids` only at `pos + 1 <= capacity` and read
-        // `draws` there.
+        // SAFETY: the buffers have the lengths `Buffers::new` gave them for `d`: what `argmax`
+        // and `sample_top_p` ask.
         unsafe {
             match self.choice {
                 Choice::Greedy => argmax(c, &b.logits, &b.parts, &b.ids, &b.pos, d),
                 Choice::TopP {
                     inv_temperature,
                     top_p,
-                } => kernels::top_p_kernel::launch_unchecked(
+                } => sample_top_p(
                     c,
-                    CubeCount::Static(1, 1, 1),
-                    CubeDim::new_1d(THREADS as u32),
-                    BufferArg::from_raw_parts(b.logits.clone(), d.vocab),
-                    BufferArg::from_raw_parts(b.weights.clone(), d.vocab),
-                    BufferArg::from_raw_parts(b.cand.clone(), d.vocab),
-                    BufferArg::from_raw_parts(b.cand_ids.clone(), d.vocab),
-                    BufferArg::from_raw_parts(b.draws.clone(), d.capacity + 1),
-                    BufferArg::from_raw_parts(b.ids.clone(), d.capacity + 1),
-                    BufferArg::from_raw_parts(b.pos.clone(), 1),
-                    d.vocab,
-                    d.capacity,
+                    &b.logits,
+                    &b.parts,
+                    &b.nucleus,
+                    &b.ids,
+                    &b.pos,
+                    d,
                     inv_temperature,
                     top_p,
                 ),
@@ -1071,6 +1069,59 @@ unsafe fn argmax(
             BufferArg::from_raw_parts(ids.clone(), d.capacity + 1),
             BufferArg::from_raw_parts(pos.clone(), 1),
             d.capacity,
+        );
+    }
+}
+
+/// Nucleus sampling over `logits` (`vocab` values) with the draw `nucleus.draws[pos + 1]`, at
+/// the position in `pos`, which advances: two launches, through `parts`.
+///
+/// # Safety
+///
+/// `logits` holds `vocab` f32, each of `parts` `ARGMAX_PARTS` words, the nucleus's scratch
+/// `vocab` words each, its draws and `ids` `capacity + 1`, and `pos` one.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sample_top_p(
+    c: &Client,
+    logits: &Handle,
+    parts: &(Handle, Handle),
+    nucleus: &Nucleus,
+    ids: &Handle,
+    pos: &Handle,
+    d: Dims,
+    inv_temperature: f32,
+    top_p: f32,
+) {
+    // SAFETY: the caller's lengths; the first pass writes each part once (cube `c` of
+    // `ARGMAX_PARTS`), the second reads them, writes at most `vocab` candidates, and writes
+    // `ids` only at `pos + 1 <= capacity`, reading `draws` there.
+    unsafe {
+        kernels::softmax_part_kernel::launch_unchecked(
+            c,
+            CubeCount::Static(ARGMAX_PARTS as u32, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(logits.clone(), d.vocab),
+            BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS),
+            BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS),
+            d.vocab,
+            inv_temperature,
+        );
+        kernels::top_p_kernel::launch_unchecked(
+            c,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(logits.clone(), d.vocab),
+            BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS),
+            BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS),
+            BufferArg::from_raw_parts(nucleus.cand.clone(), d.vocab),
+            BufferArg::from_raw_parts(nucleus.cand_ids.clone(), d.vocab),
+            BufferArg::from_raw_parts(nucleus.draws.clone(), d.capacity + 1),
+            BufferArg::from_raw_parts(ids.clone(), d.capacity + 1),
+            BufferArg::from_raw_parts(pos.clone(), 1),
+            d.vocab,
+            d.capacity,
+            inv_temperature,
+            top_p,
         );
     }
 }

@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::kernels::{self, ARGMAX_PARTS, THREADS};
-use super::{Dims, argmax};
+use super::{Dims, Nucleus, argmax, sample_top_p};
 use crate::qwen2::rope;
 
 fn client() -> Option<Client> {
@@ -428,13 +428,9 @@ fn argmax_takes_the_first_maximum() {
             upload(&c, &[0.0; ARGMAX_PARTS]),
         );
         let d = Dims {
-            hidden: 0,
-            heads: 0,
-            kv_heads: 0,
-            head_dim: 0,
-            inter: 0,
             vocab: n,
             capacity,
+            ..Dims::default()
         };
         // SAFETY: `logits` holds `n` f32, `ids` `capacity + 1` ids, `p` one word, each part
         // `ARGMAX_PARTS`.
@@ -457,22 +453,31 @@ fn top_p(c: &Client, logits: &[f32], temperature: f64, top_p: f64, u: f32) -> (u
     draws[pos + 1] = u;
     let ids = upload_u32(c, &[7; 5]);
     let p = upload_u32(c, &[pos as u32]);
-    // SAFETY: `logits` and the three scratch buffers hold `n` words, `draws` and `ids`
-    // `capacity + 1`, `p` one.
+    let parts = (
+        upload(c, &[0.0; ARGMAX_PARTS]),
+        upload(c, &[0.0; ARGMAX_PARTS]),
+    );
+    let nucleus = Nucleus {
+        draws: upload(c, &draws),
+        cand: c.empty(4 * n),
+        cand_ids: c.empty(4 * n),
+    };
+    let d = Dims {
+        vocab: n,
+        capacity,
+        ..Dims::default()
+    };
+    // SAFETY: `logits` and the scratch hold `n` words, `draws` and `ids` `capacity + 1`, `p`
+    // one, each part `ARGMAX_PARTS`.
     unsafe {
-        kernels::top_p_kernel::launch_unchecked(
+        sample_top_p(
             c,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_1d(THREADS as u32),
-            BufferArg::from_raw_parts(upload(c, logits), n),
-            BufferArg::from_raw_parts(c.empty(4 * n), n),
-            BufferArg::from_raw_parts(c.empty(4 * n), n),
-            BufferArg::from_raw_parts(c.empty(4 * n), n),
-            BufferArg::from_raw_parts(upload(c, &draws), capacity + 1),
-            BufferArg::from_raw_parts(ids.clone(), capacity + 1),
-            BufferArg::from_raw_parts(p.clone(), 1),
-            n,
-            capacity,
+            &upload(c, logits),
+            &parts,
+            &nucleus,
+            &ids,
+            &p,
+            d,
             (1.0 / temperature) as f32,
             top_p as f32,
         );
