@@ -38,7 +38,14 @@ pub enum DeviceError {
     Cuda,
     #[error("unknown device `{0}`: expected cpu, wgpu or vulkan")]
     Unknown(String),
+    #[error("`--device {name}` could not be initialised: {reason}")]
+    Init { name: &'static str, reason: String },
 }
+
+/// Launches CubeCL's wgpu runtime gathers into one submission for [`DeviceArg::decode_device`]:
+/// above a decode step's (5 a layer and 9 more for Qwen2), so that a step, which the decoder
+/// flushes itself, reaches the GPU as one command buffer rather than one per 32 launches.
+const DECODE_TASKS_MAX: usize = 512;
 
 impl DeviceArg {
     /// The command-line spelling.
@@ -62,6 +69,48 @@ impl DeviceArg {
             #[allow(unreachable_patterns)]
             other => unreachable!("`{other}` is rejected by parsing in this build"),
         }
+    }
+
+    /// The Burn device for decoding: [`Self::device`], with a GPU runtime that submits
+    /// [`DECODE_TASKS_MAX`] launches at a time unless `CUBECL_WGPU_MAX_TASKS` names a number.
+    /// Each submission costs the GPU a gap, and the decoder submits every step itself.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceError::Init`] when the GPU runtime does not come up.
+    pub fn decode_device(self) -> Result<Device, DeviceError> {
+        if self == DeviceArg::Cpu || std::env::var_os("CUBECL_WGPU_MAX_TASKS").is_some() {
+            return Ok(self.device());
+        }
+        self.init_gpu(DECODE_TASKS_MAX)
+    }
+
+    #[cfg(any(feature = "wgpu", feature = "vulkan"))]
+    fn init_gpu(self, tasks_max: usize) -> Result<Device, DeviceError> {
+        use burn::tensor::wgpu::{WgpuBackend, WgpuInitError};
+        let api = match self {
+            #[cfg(feature = "vulkan")]
+            DeviceArg::Vulkan => WgpuBackend::Vulkan,
+            _ => WgpuBackend::Auto,
+        };
+        match Device::wgpu_options()
+            .graphics_api(api)
+            .tasks_max(tasks_max)
+            .init()
+        {
+            Ok(device) => Ok(device),
+            // Up already (an earlier command in this process): it keeps its own batch.
+            Err(WgpuInitError::Registration { .. }) => Ok(self.device()),
+            Err(e) => Err(DeviceError::Init {
+                name: self.name(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    #[cfg(not(any(feature = "wgpu", feature = "vulkan")))]
+    fn init_gpu(self, _tasks_max: usize) -> Result<Device, DeviceError> {
+        Ok(self.device())
     }
 }
 
@@ -101,6 +150,19 @@ pub fn parse_device(name: &str) -> Result<DeviceArg, DeviceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn a_decode_device_comes_up_once_and_is_reused() {
+        match DeviceArg::Wgpu.decode_device() {
+            Ok(first) => {
+                let again = DeviceArg::Wgpu.decode_device();
+                assert_eq!(again.ok(), Some(first), "the runtime that is up, reused");
+            }
+            Err(e) => assert!(std::env::var_os("BURN_MAPPED_REQUIRE_GPU").is_none(), "{e}"),
+        }
+        assert_eq!(DeviceArg::Cpu.decode_device().ok(), Some(Device::flex()));
+    }
 
     #[test]
     fn cpu_is_always_built_and_other_names_say_what_they_need() {

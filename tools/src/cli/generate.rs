@@ -51,9 +51,9 @@ pub struct GenerateArgs {
     pub no_device_step: bool,
     /// After generating, run the device step's decode steps again under the device's timer
     /// and report its time per token (`device_us_per_token`). It counts the device's waits for
-    /// the host between submissions; with `CUBECL_WGPU_MAX_TASKS` above the steps' launches
-    /// they go in one submission and the figure is the device's alone. Also reports each kind
-    /// of launch's device time in one step (`device_us_by_launch`).
+    /// the host between submissions, which are few: a submission takes up to 512 launches
+    /// (`CUBECL_WGPU_MAX_TASKS` overrides). Also reports each kind of launch's device time in
+    /// one step (`device_us_by_launch`).
     #[arg(long)]
     pub device_time: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
@@ -214,10 +214,18 @@ pub fn default_store_dtype(device: &burn::tensor::Device) -> qwen::StoreDType {
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    // Not started yet: a GPU runtime starts at its first use or at `decode_device`.
     let device = args.place.device.device();
     let dtype = match &args.dtype {
         Some(name) => parse_store_dtype(name)?,
         None => default_store_dtype(&device),
+    };
+    // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
+    // batches, which let the GPU start while the host is still launching.
+    let device = if dtype == qwen::StoreDType::Q8 && !args.no_device_step {
+        args.place.device.decode_device()?
+    } else {
+        device
     };
     let bar = super::progress::bytes_bar(0, "converting", args.json);
     let mut progress = |done: u64, total: u64, name: &str| {

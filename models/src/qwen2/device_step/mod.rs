@@ -499,9 +499,10 @@ impl DeviceDecoder {
     ///
     /// The device's clock runs from the first step's start to the last one's end, so time it
     /// spends waiting for the host between submissions counts. CubeCL's wgpu runtime submits
-    /// every `CUBECL_WGPU_MAX_TASKS` launches (32 by default) as the host enqueues them; with
-    /// that limit above `steps` times [`Self::launches_per_token`], the steps reach the device
-    /// in one submission and the figure is the device's alone.
+    /// every `tasks_max` launches as the host enqueues them (32 by default, or as set when the
+    /// runtime starts, or by `CUBECL_WGPU_MAX_TASKS`); with that limit above `steps` times
+    /// [`Self::launches_per_token`], the steps reach the device in one submission and the
+    /// figure is the device's alone.
     ///
     /// # Errors
     ///
@@ -689,9 +690,12 @@ impl DeviceDecoder {
         self.prefill(n)?;
         let client = self.client.clone();
         let mut ran = 0;
-        for position in n..n + max_new_tokens {
+        let total = n + max_new_tokens;
+        for position in n..total {
             // The 4 bytes of the token at `position`, not the whole id buffer (trimmed from the
-            // `capacity + 1` words allocated; the handle's own size is rounded up).
+            // `capacity + 1` words allocated; the handle's own size is rounded up). One read in
+            // flight at a time: CubeCL's wgpu runtime may stage two small reads in one buffer,
+            // which the second would submit while the first holds it mapped.
             let at = 4 * position as u64;
             let allocated = 4 * (self.dims.capacity as u64 + 1);
             let word = self
@@ -701,7 +705,7 @@ impl DeviceDecoder {
                 .offset_start(at)
                 .offset_end(allocated - at - 4);
             let read = client.read_async(vec![word]);
-            if position + 1 < n + max_new_tokens {
+            if position + 1 < total {
                 // The warm-up and the recording compile and prepare: not a step's steady cost.
                 let steady = matches!(self.mode, Mode::Recorded(_) | Mode::Launch);
                 let start = std::time::Instant::now();
@@ -711,6 +715,9 @@ impl DeviceDecoder {
                     self.host += start.elapsed();
                     self.chosen += 1;
                 }
+                // The step goes to the device now, not with the next read: the device has it
+                // queued while the host waits for this token and turns it around.
+                self.client.flush().map_err(device_error)?;
             }
             let bytes = cubecl::future::block_on(read).map_err(device_error)?;
             let token = read_u32(&bytes[0], 0);
