@@ -4,10 +4,9 @@ process per run) on the q8 store through the device step and through tensor ops,
 store, against llama.cpp's `llama-bench -p 0 -n N` with flash attention off and on, all on the
 same GGUF, the arms alternating within each round (their order rotating by round). Arms ending
 in `-topp` sample instead (`--temperature 0.8 --top-p 0.9 --seed 1`): `q8-step-topp` is the
-device step's top-p, `q8-ops-topp` the host sampler's after tensor ops. The `q8-step-device`
-arm runs the device step with `CUBECL_WGPU_MAX_TASKS` above a token's launches, so each step
-reaches the device in one submission: its device time per token is the device's alone (the
-other step arms' count the device's waits for the host), and its tok/s is not a decode figure.
+device step's top-p, `q8-ops-topp` the host sampler's after tensor ops. The `q8-step-batch32`
+arm runs the device step with `CUBECL_WGPU_MAX_TASKS=32`, CubeCL's default batch of launches per
+submission, where `generate` otherwise submits each step whole (512).
 
 Per burn-mapped run: decode tok/s (tokens after the first over the time after it), time to the
 first token and model-ready time (in-process), and for the device step its launches per token,
@@ -44,10 +43,10 @@ def burn_arm(arm):
     """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs, and
     whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy."""
     parts = arm.split("-")
-    return parts[0], "step" in parts, "topp" in parts, "device" in parts
+    return parts[0], "step" in parts, "topp" in parts, "batch32" in parts
 
 
-def run_burn(args, dtype, device_step, top_p=False, one_submission=False, prompt=None):
+def run_burn(args, dtype, device_step, top_p=False, batch32=False, prompt=None):
     """`prompt` None: the chat prompt; else this text without the chat template."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
@@ -62,8 +61,8 @@ def run_burn(args, dtype, device_step, top_p=False, one_submission=False, prompt
     if top_p:
         cmd += ["--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]
     env = dict(os.environ)
-    if one_submission:
-        env["CUBECL_WGPU_MAX_TASKS"] = "1000000"
+    if batch32:
+        env["CUBECL_WGPU_MAX_TASKS"] = "32"
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -130,7 +129,7 @@ def main():
     p.add_argument("--device", default="vulkan")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--arms", default="q8-step,q8-step-topp,q8-step-device,q8-ops,f32-ops,"
+    p.add_argument("--arms", default="q8-step,q8-step-topp,q8-step-batch32,q8-ops,f32-ops,"
                    "llama-fa0,llama-fa1")
     p.add_argument("--cache-dir", default="/tmp/bm-cache")
     p.add_argument("--long-prompt", type=int, default=40,
@@ -174,7 +173,7 @@ def main():
             print(f"round {r} {arm}: {rec['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
         if prompt_tokens:
             for arm in order:
-                if arm.endswith("-device"):
+                if arm.endswith("-batch32"):
                     continue
                 ft = first_token(args, arm, prompt_tokens)
                 firsts[arm].append(ft)
