@@ -624,17 +624,24 @@ fn cube_sum(local: f32, shared: &mut Shared<[f32]>) -> f32 {
     total
 }
 
-/// `logits[i..i + LOAD_BATCH]`, [`LOWEST`] past `end`.
+/// `x[first + u * stride]` for `u < LOAD_BATCH`, `fill` from `end` on: one pass's loads, all
+/// issued before any is used.
 #[cube]
-fn logit_batch(logits: &[f32], i: usize, end: usize) -> Array<f32> {
+fn load_batch(
+    x: &[f32],
+    first: usize,
+    #[comptime] stride: usize,
+    end: usize,
+    fill: f32,
+) -> Array<f32> {
     let mut batch = Array::<f32>::new(LOAD_BATCH);
     #[unroll]
     for u in 0..LOAD_BATCH {
-        let mut x = LOWEST.runtime();
-        if i + u < end {
-            x = logits[i + u];
+        let mut v = fill;
+        if first + u * stride < end {
+            v = x[first + u * stride];
         }
-        batch[u] = x;
+        batch[u] = v;
     }
     batch
 }
@@ -794,7 +801,7 @@ pub(super) fn top_p_kernel(
     let mut count = 0u32;
     let mut i = begin;
     while i < end {
-        let batch = logit_batch(logits, i, end);
+        let batch = load_batch(logits, i, 1usize, end, LOWEST.runtime());
         #[unroll]
         for u in 0..LOAD_BATCH {
             if i + u < end && weight_of(batch[u], top, inv_temperature) >= floor {
@@ -817,7 +824,7 @@ pub(super) fn top_p_kernel(
     sync_cube();
     let mut i = begin;
     while i < end {
-        let batch = logit_batch(logits, i, end);
+        let batch = load_batch(logits, i, 1usize, end, LOWEST.runtime());
         #[unroll]
         for u in 0..LOAD_BATCH {
             let w = weight_of(batch[u], top, inv_temperature);
@@ -844,15 +851,7 @@ pub(super) fn top_p_kernel(
         let mut local = 0.0f32;
         let mut j = tid;
         while j < searched {
-            let mut batch = Array::<f32>::new(LOAD_BATCH);
-            #[unroll]
-            for u in 0..LOAD_BATCH {
-                let mut w = 0.0f32;
-                if j + u * THREADS < searched {
-                    w = cand[j + u * THREADS];
-                }
-                batch[u] = w;
-            }
+            let batch = load_batch(&*cand, j, THREADS, searched, 0.0f32);
             #[unroll]
             for u in 0..LOAD_BATCH {
                 if u32::reinterpret(batch[u]) >= mid {
