@@ -30,7 +30,7 @@ fn f16_bits_to_f32(h: u32) -> f32 {
 
 /// The f16 scale of `row`, from the scales bound as words (two per word, low half first).
 #[cube]
-fn row_scale(scales: &[u32], row: usize) -> f32 {
+pub(super) fn row_scale(scales: &[u32], row: usize) -> f32 {
     let half = (scales[row / 2] >> (16 * (row % 2) as u32)) & 0xFFFFu32;
     f16_bits_to_f32(half)
 }

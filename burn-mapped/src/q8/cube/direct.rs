@@ -15,8 +15,10 @@ use cubecl::client::Client;
 use cubecl::server::Handle;
 
 pub use super::dot::{Word4, split_block};
+use super::fused::StagedSplit;
 pub use super::fused::{FUSED_MAX_IN, Prologue, PrologueInput};
-use super::{contiguous, dot, fused};
+pub use super::paired::Pairing;
+use super::{contiguous, dot, fused, paired};
 use crate::q8::split::{SPLIT_BLOCK, SPLIT_WORDS};
 use crate::q8::tuning::{DotTuning, TILE};
 use crate::q8::weight::Q8Weight;
@@ -245,6 +247,92 @@ pub unsafe fn fused_products<P: Prologue>(
     // buffers hold the lengths given; the caller vouches that `P` reads within them.
     unsafe { fused::launch::<P>(client, input, rows, inp, &kernel_parts) };
     Ok(())
+}
+
+/// Enqueues two products of `rows` activation rows computed by `P` from `input` (as
+/// [`fused_products`]) whose outputs are combined element by element through `C`
+/// ([`Pairing`]) and written as their split into `split` ([`split_words`] of `rows` rows of
+/// the weights' `out`), the input of the next product ([`staged_product`]): a gated MLP's
+/// gate and up projections in one launch, without their rows going through memory.
+///
+/// # Safety
+///
+/// As for [`fused_products`]: `P` reads `input`'s buffers only within the lengths given, and
+/// `split` is none of them.
+///
+/// # Errors
+///
+/// As for [`fused_products`]; [`DirectError::Parts`] where the weights' shapes differ or their
+/// rows are not whole blocks of 16.
+pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
+    input: PrologueInput<'_>,
+    rows: usize,
+    a: &'a DirectWeight,
+    b: &'a DirectWeight,
+    split: &'a Handle,
+) -> Result<(), DirectError> {
+    let (out, inp) = (a.out_features(), a.in_features());
+    if (b.out_features(), b.in_features()) != (out, inp) || !out.is_multiple_of(16) {
+        return Err(DirectError::Parts(format!(
+            "paired products need two [out, in] weights of the same shape with out % 16 == 0, \
+             got [{out}, {inp}] and [{}, {}]",
+            b.out_features(),
+            b.in_features()
+        )));
+    }
+    if a.client().name() != b.client().name() {
+        return Err(DirectError::Parts("weights on different clients".into()));
+    }
+    if inp > FUSED_MAX_IN {
+        return Err(DirectError::Parts(format!(
+            "rows of {inp} values are wider than a fused product takes ({FUSED_MAX_IN})"
+        )));
+    }
+    check("split", split, split_words(rows, out))?;
+    check("prologue input", input.first, input.first_len)?;
+    check("prologue input", input.second, input.second_len)?;
+    let buffers = |w: &'a DirectWeight| (&w.values.handle, &w.scales.handle);
+    // SAFETY: the shapes (`DirectWeight::new` checked the dtypes and contiguity), the split's
+    // size and the input's lengths were checked above; the caller vouches that `P` reads
+    // within them and that `split` is not an input.
+    unsafe {
+        paired::launch::<P, C>(
+            a.client(),
+            input,
+            rows,
+            inp,
+            [buffers(a), buffers(b)],
+            out,
+            split,
+        )
+    };
+    Ok(())
+}
+
+/// Enqueues one product over a split in memory (as [`product`]) whose cubes fetch their
+/// weights before they copy the split into shared memory, so the wait on the weights overlaps
+/// the split's: for a product whose input a launch just wrote ([`paired_products`]). Rows of at
+/// most [`FUSED_MAX_IN`] values.
+///
+/// # Errors
+///
+/// As for [`fused_products`].
+pub fn staged_product(
+    split: &Handle,
+    rows: usize,
+    product: Product<'_>,
+) -> Result<(), DirectError> {
+    let len = split_words(rows, product.weight.in_features());
+    let input = PrologueInput {
+        first: split,
+        first_len: len,
+        second: split,
+        second_len: len,
+        scalar: 0.0,
+    };
+    // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the weight's
+    // width, within the `len` words checked against the buffer.
+    unsafe { fused_products::<StagedSplit>(input, rows, &[product]) }
 }
 
 /// The parts' weights' client and width and their kernel descriptions, once every output and

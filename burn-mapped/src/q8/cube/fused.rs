@@ -55,6 +55,63 @@ pub struct PrologueInput<'a> {
     pub scalar: f32,
 }
 
+/// A product's input read from memory rather than computed: row `t` of a split of
+/// `CUBE_COUNT_Y` rows of `n` values (`first`, its words bound as f32; `second` and `scalar`
+/// unused), copied into shared memory. Run as a [`Prologue`], the cube's weights are loaded
+/// before the copy waits on the split, instead of after it.
+pub(super) struct StagedSplit;
+
+#[cube]
+impl Prologue for StagedSplit {
+    #[allow(clippy::too_many_arguments)]
+    fn split_row(
+        split: &[f32],
+        _second: &[f32],
+        _scalar: f32,
+        t: usize,
+        xq: &mut [Word4],
+        xs: &mut [f32],
+        #[comptime] n: usize,
+        #[comptime] threads: usize,
+    ) {
+        let tid = UNIT_POS as usize;
+        let nblk = comptime!(n / BLOCK);
+        let per = comptime!((n / BLOCK).div_ceil(threads));
+        let lo_at = CUBE_COUNT_Y as usize * nblk;
+        let mut hi = Array::<Word4>::new(per);
+        let mut lo = Array::<Word4>::new(per);
+        let mut sc = Array::<f32>::new(per);
+        #[unroll]
+        for r in 0..per {
+            let b = tid + r * threads;
+            let mut h = Word4::new(0i32);
+            let mut l = Word4::new(0i32);
+            let mut s = 0.0f32;
+            if b < nblk {
+                let at = t * nblk + b;
+                #[unroll]
+                for k in 0..4usize {
+                    h.insert(k, i32::reinterpret(split[4 * at + k]));
+                    l.insert(k, i32::reinterpret(split[4 * (lo_at + at) + k]));
+                }
+                s = split[8 * lo_at + at];
+            }
+            hi[r] = h;
+            lo[r] = l;
+            sc[r] = s;
+        }
+        #[unroll]
+        for r in 0..per {
+            let b = tid + r * threads;
+            if b < nblk {
+                xq[b] = hi[r];
+                xq[nblk + b] = lo[r];
+                xs[b] = sc[r];
+            }
+        }
+    }
+}
+
 /// One to three products over the same computed input, `CUBE_POS_Z` picking the weight (parts
 /// past the first two may repeat the first, never reached); a cube past its weight's rows
 /// skips the prologue too. One activation row per cube row (`CUBE_POS_Y`).
@@ -177,7 +234,7 @@ fn load_weights(
 /// high plane, the low plane from block `nblk`, the scales) with the weights
 /// [`load_weights`] loaded; a block past the row reads the last (its weights are zero).
 #[cube]
-fn dot_loaded(
+pub(super) fn dot_loaded(
     wv: &Array<Word4>,
     xq: &[Word4],
     xs: &[f32],

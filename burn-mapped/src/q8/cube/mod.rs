@@ -24,6 +24,7 @@ pub mod direct;
 mod dot;
 mod fma;
 mod fused;
+mod paired;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -7,7 +7,7 @@
 //! (the running maxima start at [`LOWEST`]): WGSL has no infinity literal.
 
 use burn_cubecl::cubecl;
-use burn_mapped::q8::direct::{Prologue, Word4, split_block};
+use burn_mapped::q8::direct::{Pairing, Prologue, Word4, split_block};
 use cubecl::prelude::*;
 
 /// Threads per cube of the single-cube kernels (the norm and the choice) and of
@@ -181,49 +181,14 @@ impl Prologue for NormInput {
     }
 }
 
-/// A fused product's input ([`Prologue`]): `silu(gate) * up` of row `t` (`first` the gates,
-/// `second` the ups, rows of `n` values; `scalar` unused): the down projection's. Each thread
-/// takes the blocks of [`thread_blocks`].
-pub(super) struct SiluInput;
+/// The gated MLP's combination of a gate and an up projection's outputs, `silu(gate) * up`,
+/// as their paired products write it for the down projection ([`Pairing`]).
+pub(super) struct SiluMul;
 
 #[cube]
-impl Prologue for SiluInput {
-    #[allow(clippy::too_many_arguments)]
-    fn split_row(
-        gate: &[f32],
-        up: &[f32],
-        _unused: f32,
-        t: usize,
-        xq: &mut [Word4],
-        xs: &mut [f32],
-        #[comptime] n: usize,
-        #[comptime] threads: usize,
-    ) {
-        let tid = UNIT_POS as usize;
-        let blocks = comptime!(n / BLOCK);
-        let per = comptime!((n / BLOCK).div_ceil(threads));
-        let gv = thread_blocks(gate, t * n, n, threads);
-        let uv = thread_blocks(up, t * n, n, threads);
-        #[unroll]
-        for r in 0..per {
-            let b = tid + r * threads;
-            if b < blocks {
-                let mut v = Array::<F4>::new(4usize);
-                #[unroll]
-                for i in 0..4usize {
-                    let g = gv[4 * r + i];
-                    let u = uv[4 * r + i];
-                    let mut four = F4::new(0.0f32);
-                    #[unroll]
-                    for c in 0..4usize {
-                        let gc = g.extract(c);
-                        four.insert(c, gc / (1.0f32 + f32::exp(-gc)) * u.extract(c));
-                    }
-                    v[i] = four;
-                }
-                split_block(&v, xq, xs, b, blocks, 0);
-            }
-        }
+impl Pairing for SiluMul {
+    fn combine(gate: f32, up: f32) -> f32 {
+        gate / (1.0f32 + f32::exp(-gate)) * up
     }
 }
 

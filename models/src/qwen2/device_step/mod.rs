@@ -8,8 +8,10 @@
 //! argument changes between tokens. A layer is five launches, because a launch costs the
 //! device microseconds however little it does: the q/k/v products, each cube of which norms
 //! the row itself (`fused_products`); attention with RoPE and the cache write, splitting its
-//! output; the o-projection adding the residual; gate and up, norming as q/k/v do; and the
-//! down projection, each cube computing `silu(gate) * up` itself, adding the residual. The
+//! output; the o-projection adding the residual; gate and up, norming as q/k/v do, each cube
+//! computing sixteen rows of both and writing their `silu(gate) * up` as one split block
+//! (`paired_products`); and the down projection, its cubes fetching their weights before
+//! they copy that split (`staged_product`), adding the residual. The
 //! choice runs on the device too, greedy or top-p (the host writes the sampler's draws once, by
 //! position), and writes the next token's id where the next step reads it: the host only reads
 //! ids back.
@@ -42,7 +44,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::q8::direct::{
     Addend, DirectWeight, FUSED_MAX_IN, Product, PrologueInput, cube_float, fused_products,
-    product, products_per_row, split_words,
+    paired_products, product, products_per_row, split_words, staged_product,
 };
 use cubecl::bytes::Bytes;
 use cubecl::client::{Client, Graph, ProfileWindow};
@@ -55,7 +57,7 @@ use super::model::{Qwen2ForCausalLM, RmsNorm};
 use super::projection::Projection;
 use super::rope;
 use super::sampling::{Sampler, Sampling};
-use kernels::{ARGMAX_PARTS, NormInput, SiluInput, THREADS};
+use kernels::{ARGMAX_PARTS, NormInput, SiluMul, THREADS};
 
 /// Why the device step stopped.
 #[derive(Debug, thiserror::Error)]
@@ -128,8 +130,8 @@ struct Acts {
     q: Handle,
     k: Handle,
     v: Handle,
-    gate: Handle,
-    up: Handle,
+    /// The split of `silu(gate) * up`: the down projection's input.
+    split_i: Handle,
 }
 
 impl Acts {
@@ -142,8 +144,7 @@ impl Acts {
             q: f32s(d.hidden),
             k: f32s(d.kv_heads * d.head_dim),
             v: f32s(d.kv_heads * d.head_dim),
-            gate: f32s(d.inter),
-            up: f32s(d.inter),
+            split_i: f32s(split_words(1, d.inter)),
         }
     }
 }
@@ -375,6 +376,7 @@ impl DeviceDecoder {
             && head_dim.is_multiple_of(16)
             && hidden <= FUSED_MAX_IN
             && inter <= FUSED_MAX_IN
+            && inter.is_multiple_of(16)
             && head_dim <= THREADS
             && THREADS.is_multiple_of(head_dim)
             && layers.iter().all(|(_, _, w, _)| {
@@ -936,37 +938,26 @@ impl DeviceDecoder {
             };
             products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
             self.timed("o-projection");
-            let gate_up = [(&l.gate, &a.gate), (&l.up, &a.up)].map(|(weight, y)| Product {
-                weight,
-                add: Addend::None,
-                y,
-            });
-            // SAFETY: as for q/k/v, from `h1`.
+            // SAFETY: the norm reads `rows` rows of `hidden` from `h1` and `hidden` weights, the
+            // lengths given; the output is `split_i`.
             unsafe {
-                fused_products::<NormInput>(
+                paired_products::<NormInput, SiluMul>(
                     norm_input(&a.h1, &l.post_norm, d, rows),
                     rows,
-                    &gate_up,
+                    &l.gate,
+                    &l.up,
+                    &a.split_i,
                 )
             }
             .map_err(device_error)?;
-            self.timed("gate/up with the norm");
+            self.timed("gate/up with the norm and SiLU·mul");
             let down = Product {
                 weight: &l.down,
                 add: Addend::Residual(&a.h1),
                 y: &a.h0,
             };
-            let silu = PrologueInput {
-                first: &a.gate,
-                first_len: rows * d.inter,
-                second: &a.up,
-                second_len: rows * d.inter,
-                scalar: 0.0,
-            };
-            // SAFETY: `silu(gate) * up` reads `rows` rows of `inter` from each, the lengths
-            // given; the output is `h0`.
-            unsafe { fused_products::<SiluInput>(silu, rows, &[down]) }.map_err(device_error)?;
-            self.timed("down with SiLU·mul");
+            staged_product(&a.split_i, rows, down).map_err(device_error)?;
+            self.timed("down");
             count += 5;
         }
         Ok(count)

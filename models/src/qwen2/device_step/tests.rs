@@ -5,7 +5,8 @@
 use burn::tensor::Tensor;
 use burn_cubecl::cubecl;
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, Product, PrologueInput, cube_float, fused_products,
+    Addend, DirectWeight, Product, PrologueInput, cube_float, fused_products, paired_products,
+    split_words, staged_product,
 };
 use burn_mapped::q8::{Q8Weight, quantize_rows};
 use cubecl::client::Client;
@@ -232,39 +233,61 @@ fn fused_norm_products_match_the_f64_reference() {
 }
 
 #[test]
-fn fused_silu_product_adds_the_residual() {
+fn paired_gate_up_and_staged_down_match_the_f64_reference() {
     let Some(c) = client() else { return };
-    // The intermediate width (304 blocks: several per thread), two rows, a residual addend.
-    let (n, rows, out) = (4864usize, 2usize, 24usize);
-    let gate: Vec<f32> = values(rows * n, 60).iter().map(|v| 8.0 * v).collect();
-    let up = values(rows * n, 61);
-    let residual = values(rows * out, 62);
-    let (weight, q, s) = q8_weight(out, n, 63);
-    let (gh, uh, rh) = (upload(&c, &gate), upload(&c, &up), upload(&c, &residual));
+    // The model's widths: gate/up 4864 x 896 (sixteen lanes of four blocks per row), down
+    // 4864 wide (304 blocks: two per thread of its cubes), two rows of unequal magnitude, the
+    // down projection adding a residual.
+    let (n, inter, out, rows, eps) = (896usize, 4864usize, 40usize, 2usize, 1e-6f32);
+    let mut x: Vec<f32> = values(rows * n, 60).iter().map(|v| 3.0 * v).collect();
+    x[n..].iter_mut().for_each(|v| *v *= 1e-3);
+    let w: Vec<f32> = values(n, 61).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let (gate, gq, gs) = q8_weight(inter, n, 62);
+    let (up, uq, us) = q8_weight(inter, n, 63);
+    let (down, dq, ds) = q8_weight(out, inter, 64);
+    let residual = values(rows * out, 65);
+    let (xh, wh, rh) = (upload(&c, &x), upload(&c, &w), upload(&c, &residual));
+    let split = upload_u32(&c, &vec![0x7FC0_0000; split_words(rows, inter)]);
     let y = upload(&c, &vec![f32::NAN; rows * out]);
     let input = PrologueInput {
-        first: &gh,
+        first: &xh,
         first_len: rows * n,
-        second: &uh,
-        second_len: rows * n,
-        scalar: 0.0,
+        second: &wh,
+        second_len: n,
+        scalar: eps,
     };
-    let down = Product {
-        weight: &weight,
+    // SAFETY: the norm reads `rows` rows of `n` and `n` weights, the lengths given.
+    unsafe {
+        paired_products::<kernels::NormInput, kernels::SiluMul>(input, rows, &gate, &up, &split)
+    }
+    .expect("launch");
+    let normed = rms_norm(&x, &w, eps);
+    let (g, u) = (
+        product_bounds(&normed, &gq, &gs, n),
+        product_bounds(&normed, &uq, &us, n),
+    );
+    // silu(g) * u within the products' bounds: |silu'| < 1.1, so the error is at most
+    // 1.1 |u| dg + |silu(g)| du + dg du, plus the split's half step.
+    let silu = |g: f64| g / (1.0 + (-g).exp());
+    let got = unsplit(&words(&c, &split), rows * inter);
+    for (i, ((&(value, step), &(g, dg)), &(u, du))) in got.iter().zip(&g).zip(&u).enumerate() {
+        let want = silu(g) * u;
+        let bound = 1.1 * u.abs() * dg + silu(g).abs() * du + dg * du + step / 2.0;
+        let bound = bound + 1e-5 * want.abs().max(step);
+        assert!(
+            (value - want).abs() <= bound,
+            "silu(gate) * up [{i}]: {value} against {want} (bound {bound:e})"
+        );
+    }
+    let product = Product {
+        weight: &down,
         add: Addend::Residual(&rh),
         y: &y,
     };
-    // SAFETY: `silu(gate) * up` reads `rows` rows of `n` of each, the lengths given.
-    unsafe { fused_products::<kernels::SiluInput>(input, rows, &[down]) }.expect("launch");
-    let act: Vec<f64> = gate
-        .iter()
-        .zip(&up)
-        .map(|(&g, &u)| {
-            let g = f64::from(g);
-            g / (1.0 + (-g).exp()) * f64::from(u)
-        })
-        .collect();
-    let mut want = product_bounds(&act, &q, &s, n);
+    staged_product(&split, rows, product).expect("launch");
+    // The split's values are the down projection's exact input.
+    let act: Vec<f64> = got.iter().map(|&(value, _)| value).collect();
+    let mut want = product_bounds(&act, &dq, &ds, inter);
     for (value, r) in want.iter_mut().zip(&residual) {
         value.0 += f64::from(*r);
     }
