@@ -690,26 +690,214 @@ fn weight_of(logit: f32, top: f32, inv_temperature: f32) -> f32 {
     f32::exp((logit - top) * inv_temperature)
 }
 
-/// Nucleus sampling over `logits` (`n` values) with temperature `1 / inv_temperature`, after
-/// [`softmax_part_kernel`] wrote the slices' maxima and sums to `part_m`/`part_s`; then the
-/// step's bookkeeping ([`advance`]). The draw in `[0, 1)` is `draws[pos + 1]`, written by the
-/// host. A NaN or infinite logit chooses nothing (`n`). One cube of [`THREADS`].
+/// The maximum logit, the total weight, the nucleus's goal (`top_p` of the total) and the
+/// candidates' floor (`(total - goal) / 2n`, see [`top_p_kernel`]) as `[top, total, goal,
+/// floor]`, from the slices' maxima and sums [`softmax_part_kernel`] wrote: the same in every
+/// thread, and in every cube of every launch that computes them.
+#[cube]
+fn nucleus_bounds(
+    part_m: &[f32],
+    part_s: &[f32],
+    n: usize,
+    inv_temperature: f32,
+    top_p: f32,
+    sf: &mut Shared<[f32]>,
+) -> Array<f32> {
+    let tid = UNIT_POS as usize;
+    let mut local = LOWEST.runtime();
+    let mut j = tid;
+    while j < ARGMAX_PARTS {
+        local = f32::max(local, part_m[j]);
+        j += THREADS;
+    }
+    let top = cube_greatest(local, sf);
+    let mut local = 0.0f32;
+    let mut j = tid;
+    while j < ARGMAX_PARTS {
+        local += part_s[j] * weight_of(part_m[j], top, inv_temperature);
+        j += THREADS;
+    }
+    let total = cube_sum(local, sf);
+    let goal = top_p * total;
+    let mut bounds = Array::<f32>::new(4usize);
+    bounds[0] = top;
+    bounds[1] = total;
+    bounds[2] = goal;
+    bounds[3] = (total - goal) * 0.5f32 / f32::cast_from(n);
+    bounds
+}
+
+/// The slice of cube `CUBE_POS_X` (of [`ARGMAX_PARTS`] consecutive slices of `n` values) that
+/// thread `UNIT_POS` takes, `[begin, end)`: consecutive runs, in id order.
+#[cube]
+fn thread_run(n: usize) -> Array<usize> {
+    let chunk = n.div_ceil(ARGMAX_PARTS);
+    let start = CUBE_POS_X as usize * chunk;
+    let mut end = start + chunk;
+    if end > n {
+        end = n;
+    }
+    let sub = chunk.div_ceil(THREADS);
+    let mut run = Array::<usize>::new(2usize);
+    let mut b = start + UNIT_POS as usize * sub;
+    if b > end {
+        b = end;
+    }
+    let mut e = b + sub;
+    if e > end {
+        e = end;
+    }
+    run[0] = b;
+    run[1] = e;
+    run
+}
+
+/// How many of `logits[begin..end]` weigh at least `floor`.
+#[cube]
+fn candidates_in(
+    logits: &[f32],
+    begin: usize,
+    end: usize,
+    top: f32,
+    floor: f32,
+    inv_temperature: f32,
+) -> u32 {
+    let mut count = 0u32;
+    let mut i = begin;
+    while i < end {
+        let batch = load_batch(logits, i, 1usize, end, LOWEST.runtime());
+        #[unroll]
+        for u in 0..LOAD_BATCH {
+            if i + u < end && weight_of(batch[u], top, inv_temperature) >= floor {
+                count += 1;
+            }
+        }
+        i += LOAD_BATCH;
+    }
+    count
+}
+
+/// The sum of every thread's `local` over the cube and of those of the threads before this
+/// one, as `[all, before]`, with `shared` free to be written again after it.
+#[cube]
+fn cube_prefix(local: u32, shared: &mut Shared<[u32]>) -> Array<u32> {
+    let tid = UNIT_POS as usize;
+    shared[tid] = local;
+    sync_cube();
+    let mut all = 0u32;
+    let mut before = 0u32;
+    for j in 0..THREADS {
+        let m = shared[j];
+        all += m;
+        if j < tid {
+            before += m;
+        }
+    }
+    sync_cube();
+    let mut out = Array::<u32>::new(2usize);
+    out[0] = all;
+    out[1] = before;
+    out
+}
+
+/// Top-p's second pass: each of [`ARGMAX_PARTS`] cubes counts its slice's candidates (the
+/// tokens weighing at least the floor of [`nucleus_bounds`]) into `counts[c]`.
+#[cube(launch_unchecked)]
+pub(super) fn candidate_count_kernel(
+    logits: &[f32],
+    part_m: &[f32],
+    part_s: &[f32],
+    counts: &mut [u32],
+    n: usize,
+    inv_temperature: f32,
+    top_p: f32,
+) {
+    let mut sf = Shared::<[f32]>::new_slice(THREADS);
+    let mut su = Shared::<[u32]>::new_slice(THREADS);
+    let bounds = nucleus_bounds(part_m, part_s, n, inv_temperature, top_p, &mut sf);
+    let run = thread_run(n);
+    let count = candidates_in(
+        logits,
+        run[0],
+        run[1],
+        bounds[0],
+        bounds[3],
+        inv_temperature,
+    );
+    let sums = cube_prefix(count, &mut su);
+    if UNIT_POS == 0 {
+        counts[CUBE_POS_X as usize] = sums[0];
+    }
+}
+
+/// Top-p's third pass: each of [`ARGMAX_PARTS`] cubes copies its slice's candidates, in id
+/// order, to `cand` and `cand_ids` after those of the slices before it (`counts`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn candidate_copy_kernel(
+    logits: &[f32],
+    part_m: &[f32],
+    part_s: &[f32],
+    counts: &[u32],
+    cand: &mut [f32],
+    cand_ids: &mut [u32],
+    n: usize,
+    inv_temperature: f32,
+    top_p: f32,
+) {
+    let tid = UNIT_POS as usize;
+    let mut sf = Shared::<[f32]>::new_slice(THREADS);
+    let mut su = Shared::<[u32]>::new_slice(THREADS);
+    let bounds = nucleus_bounds(part_m, part_s, n, inv_temperature, top_p, &mut sf);
+    let top = bounds[0];
+    let floor = bounds[3];
+    let mut earlier = 0u32;
+    if tid < CUBE_POS_X as usize {
+        earlier = counts[tid];
+    }
+    let slices = cube_prefix(earlier, &mut su);
+    let run = thread_run(n);
+    let count = candidates_in(logits, run[0], run[1], top, floor, inv_temperature);
+    let own = cube_prefix(count, &mut su);
+    let mut at = (slices[0] + own[1]) as usize;
+    let mut i = run[0];
+    while i < run[1] {
+        let batch = load_batch(logits, i, 1usize, run[1], LOWEST.runtime());
+        #[unroll]
+        for u in 0..LOAD_BATCH {
+            let w = weight_of(batch[u], top, inv_temperature);
+            if i + u < run[1] && w >= floor {
+                cand[at] = w;
+                cand_ids[at] = u32::cast_from(i + u);
+                at += 1;
+            }
+        }
+        i += LOAD_BATCH;
+    }
+}
+
+/// Nucleus sampling over `n` logits with temperature `1 / inv_temperature`, after
+/// [`softmax_part_kernel`] wrote the slices' maxima and sums to `part_m`/`part_s` and
+/// [`candidate_count_kernel`] and [`candidate_copy_kernel`] the candidates; then the step's
+/// bookkeeping ([`advance`]). The draw in `[0, 1)` is `draws[pos + 1]`, written by the host. A
+/// NaN or infinite logit chooses nothing (`n`). One cube of [`THREADS`].
 ///
 /// The rule is [`Sampler`](crate::qwen2::Sampler)'s: the weights `exp((x - max) / T)`; the
 /// nucleus is the fewest most likely tokens (ties by the lower id) whose weight reaches
 /// `top_p` of the total; the draw picks from the nucleus in id order. Without sorting:
 /// - Candidates: the tokens whose weight is at least `(total - goal) / 2n`. All the others
-///   together weigh less than `total - goal`, so the nucleus has none of them. They are copied
-///   out in id order (`cand`, `cand_ids`): fewer the more peaked the logits, every token where
-///   `top_p` is 1.
+///   together weigh less than `total - goal`, so the nucleus has none of them. The two passes
+///   before this one copy them out in id order (`cand`, `cand_ids`), each over the vocabulary
+///   in [`ARGMAX_PARTS`] cubes rather than one: fewer the more peaked the logits, every token
+///   where `top_p` is 1.
 /// - The nucleus's smallest weight: weights are non-negative, so their bit patterns order as
 ///   they do, and a bisection over the bit patterns (30 passes over the candidates) finds the
 ///   largest `k` whose weights `>= k` reach the goal.
 /// - The walks in id order (ties at `k`, then the draw) give each thread a contiguous run of
 ///   the candidates, so it needs only the sums of the runs before its own.
 ///
-/// The passes over the vocabulary and the candidates load [`LOAD_BATCH`] values before they
-/// use any: one cube's thread otherwise waits on its loads one after another.
+/// The passes over the candidates load [`LOAD_BATCH`] values before they use any: one cube's
+/// thread otherwise waits on its loads one after another.
 #[cube(launch_unchecked)]
 // Index loops and the spelled-out `div_ceil`: what the `#[cube]` expansion takes.
 #[allow(
@@ -718,11 +906,11 @@ fn weight_of(logit: f32, top: f32, inv_temperature: f32) -> f32 {
     clippy::manual_div_ceil
 )]
 pub(super) fn top_p_kernel(
-    logits: &[f32],
     part_m: &[f32],
     part_s: &[f32],
-    cand: &mut [f32],
-    cand_ids: &mut [u32],
+    counts: &[u32],
+    cand: &[f32],
+    cand_ids: &[u32],
     draws: &[f32],
     ids: &mut [u32],
     pos: &mut [u32],
@@ -736,72 +924,15 @@ pub(super) fn top_p_kernel(
     let mut sg = Shared::<[f32]>::new_slice(THREADS);
     let mut su = Shared::<[u32]>::new_slice(THREADS);
 
-    // The maximum and the total from the slices': each slice's sum rescaled to the maximum.
-    let mut local = LOWEST.runtime();
-    let mut j = tid;
-    while j < ARGMAX_PARTS {
-        local = f32::max(local, part_m[j]);
-        j += THREADS;
+    let bounds = nucleus_bounds(part_m, part_s, n, inv_temperature, top_p, &mut sf);
+    let total = bounds[1];
+    let goal = bounds[2];
+    let mut local = 0u32;
+    if tid < ARGMAX_PARTS {
+        local = counts[tid];
     }
-    let top = cube_greatest(local, &mut sf);
-    let mut local = 0.0f32;
-    let mut j = tid;
-    while j < ARGMAX_PARTS {
-        local += part_s[j] * weight_of(part_m[j], top, inv_temperature);
-        j += THREADS;
-    }
-    let total = cube_sum(local, &mut sf);
-    let goal = top_p * total;
-    let floor = (total - goal) * 0.5f32 / f32::cast_from(n);
-
-    let chunk = (n + THREADS - 1) / THREADS;
-    let mut begin = tid * chunk;
-    if begin > n {
-        begin = n;
-    }
-    let mut end = begin + chunk;
-    if end > n {
-        end = n;
-    }
-    let mut count = 0u32;
-    let mut i = begin;
-    while i < end {
-        let batch = load_batch(logits, i, 1usize, end, LOWEST.runtime());
-        #[unroll]
-        for u in 0..LOAD_BATCH {
-            if i + u < end && weight_of(batch[u], top, inv_temperature) >= floor {
-                count += 1;
-            }
-        }
-        i += LOAD_BATCH;
-    }
-    su[tid] = count;
-    sync_cube();
-    let mut at = 0usize;
-    let mut c = 0usize;
-    for j in 0..THREADS {
-        let m = su[j] as usize;
-        c += m;
-        if j < tid {
-            at += m;
-        }
-    }
-    sync_cube();
-    let mut i = begin;
-    while i < end {
-        let batch = load_batch(logits, i, 1usize, end, LOWEST.runtime());
-        #[unroll]
-        for u in 0..LOAD_BATCH {
-            let w = weight_of(batch[u], top, inv_temperature);
-            if i + u < end && w >= floor {
-                cand[at] = w;
-                cand_ids[at] = u32::cast_from(i + u);
-                at += 1;
-            }
-        }
-        i += LOAD_BATCH;
-    }
-    sync_storage();
+    let sums = cube_prefix(local, &mut su);
+    let c = sums[0] as usize;
 
     // Invariant: the weights `>= lo` reach the goal, those `>= hi` do not (1.0 is 0x3F80_0000).
     // With `top_p` 1 every token is in: no search (`k` 0).
@@ -816,7 +947,7 @@ pub(super) fn top_p_kernel(
         let mut local = 0.0f32;
         let mut j = tid;
         while j < searched {
-            let batch = load_batch(&*cand, j, THREADS, searched, 0.0f32);
+            let batch = load_batch(cand, j, THREADS, searched, 0.0f32);
             #[unroll]
             for u in 0..LOAD_BATCH {
                 if u32::reinterpret(batch[u]) >= mid {

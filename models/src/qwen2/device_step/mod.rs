@@ -173,6 +173,8 @@ struct Nucleus {
     /// Scratch, one word per vocabulary entry each: the candidates' weights and their ids.
     cand: Handle,
     cand_ids: Handle,
+    /// The candidates of each of the `ARGMAX_PARTS` vocabulary slices.
+    counts: Handle,
 }
 
 /// How the step chooses the next token: a launch argument of its last kernel.
@@ -186,7 +188,8 @@ impl Choice {
     /// Its launches.
     fn launches(self) -> usize {
         match self {
-            Self::Greedy | Self::TopP { .. } => 2,
+            Self::Greedy => 2,
+            Self::TopP { .. } => 4,
         }
     }
 
@@ -440,6 +443,7 @@ impl DeviceDecoder {
                 draws: f32s(capacity + 1),
                 cand: f32s(vocab),
                 cand_ids: f32s(vocab),
+                counts: f32s(ARGMAX_PARTS),
             },
             cos: client.create_from_slice(f32::as_bytes(&cos)),
             sin: client.create_from_slice(f32::as_bytes(&sin)),
@@ -1072,12 +1076,13 @@ unsafe fn argmax(
 }
 
 /// Nucleus sampling over `logits` (`vocab` values) with the draw `nucleus.draws[pos + 1]`, at
-/// the position in `pos`, which advances: two launches, through `parts`.
+/// the position in `pos`, which advances: four launches, through `parts`.
 ///
 /// # Safety
 ///
 /// `logits` holds `vocab` f32, each of `parts` `ARGMAX_PARTS` words, the nucleus's scratch
-/// `vocab` words each, its draws and `ids` `capacity + 1`, and `pos` one.
+/// `vocab` words each and its counts `ARGMAX_PARTS`, its draws and `ids` `capacity + 1`, and
+/// `pos` one.
 #[allow(clippy::too_many_arguments)]
 unsafe fn sample_top_p(
     c: &Client,
@@ -1091,28 +1096,63 @@ unsafe fn sample_top_p(
     top_p: f32,
 ) {
     // SAFETY: the caller's lengths; the first pass writes each part once (cube `c` of
-    // `ARGMAX_PARTS`), the second reads them, writes at most `vocab` candidates, and writes
-    // `ids` only at `pos + 1 <= capacity`, reading `draws` there.
+    // `ARGMAX_PARTS`), the second each slice's count once, the third at most `vocab`
+    // candidates (the counts' sum, over slices that partition the vocabulary), and the last
+    // reads them and writes `ids` only at `pos + 1 <= capacity`, reading `draws` there.
+    let logits = || unsafe { BufferArg::from_raw_parts(logits.clone(), d.vocab) };
+    let part_m = || unsafe { BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS) };
+    let part_s = || unsafe { BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS) };
+    let counts = || unsafe { BufferArg::from_raw_parts(nucleus.counts.clone(), ARGMAX_PARTS) };
+    let cand = || unsafe { BufferArg::from_raw_parts(nucleus.cand.clone(), d.vocab) };
+    let cand_ids = || unsafe { BufferArg::from_raw_parts(nucleus.cand_ids.clone(), d.vocab) };
+    let slices = CubeCount::Static(ARGMAX_PARTS as u32, 1, 1);
+    let cube = CubeDim::new_1d(THREADS as u32);
     unsafe {
         kernels::softmax_part_kernel::launch_unchecked(
             c,
-            CubeCount::Static(ARGMAX_PARTS as u32, 1, 1),
-            CubeDim::new_1d(THREADS as u32),
-            BufferArg::from_raw_parts(logits.clone(), d.vocab),
-            BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS),
-            BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS),
+            slices.clone(),
+            cube,
+            logits(),
+            part_m(),
+            part_s(),
             d.vocab,
             inv_temperature,
+        );
+        kernels::candidate_count_kernel::launch_unchecked(
+            c,
+            slices.clone(),
+            cube,
+            logits(),
+            part_m(),
+            part_s(),
+            counts(),
+            d.vocab,
+            inv_temperature,
+            top_p,
+        );
+        kernels::candidate_copy_kernel::launch_unchecked(
+            c,
+            slices,
+            cube,
+            logits(),
+            part_m(),
+            part_s(),
+            counts(),
+            cand(),
+            cand_ids(),
+            d.vocab,
+            inv_temperature,
+            top_p,
         );
         kernels::top_p_kernel::launch_unchecked(
             c,
             CubeCount::Static(1, 1, 1),
-            CubeDim::new_1d(THREADS as u32),
-            BufferArg::from_raw_parts(logits.clone(), d.vocab),
-            BufferArg::from_raw_parts(parts.0.clone(), ARGMAX_PARTS),
-            BufferArg::from_raw_parts(parts.1.clone(), ARGMAX_PARTS),
-            BufferArg::from_raw_parts(nucleus.cand.clone(), d.vocab),
-            BufferArg::from_raw_parts(nucleus.cand_ids.clone(), d.vocab),
+            cube,
+            part_m(),
+            part_s(),
+            counts(),
+            cand(),
+            cand_ids(),
             BufferArg::from_raw_parts(nucleus.draws.clone(), d.capacity + 1),
             BufferArg::from_raw_parts(ids.clone(), d.capacity + 1),
             BufferArg::from_raw_parts(pos.clone(), 1),

@@ -484,6 +484,7 @@ fn top_p(c: &Client, logits: &[f32], temperature: f64, top_p: f64, u: f32) -> (u
         draws: upload(c, &draws),
         cand: c.empty(4 * n),
         cand_ids: c.empty(4 * n),
+        counts: c.empty(4 * ARGMAX_PARTS),
     };
     let d = Dims {
         vocab: n,
@@ -544,6 +545,8 @@ fn top_p_draws_from_the_nucleus_in_id_order() {
         (5000, 6.0, 1.3, 0.02),
         (20000, 30.0, 0.8, 0.95),
         (4000, 0.5, 1.0, 0.99),
+        // The model's vocabulary: several positions per thread of each slice's cube.
+        (151_936, 3.0, 1.0, 0.9),
     ]
     .into_iter()
     .enumerate()
