@@ -568,17 +568,40 @@ fn advance(ids: &mut [u32], pos: &mut [u32], choice: u32, capacity: usize) {
 }
 
 /// The sum over a cube of `threads` threads of every thread's `local`, the same in every
-/// thread: all add the partial sums in one order, so no second barrier is needed before they
-/// use it (but one is before `shared` is written again: [`cube_sum`]).
+/// thread: halvings in shared memory, a barrier each ([`cube_halvings`]), rather than every
+/// thread reading every partial sum in turn (256 dependent reads, the longest wait of a norm or
+/// of a pass of top-p's search). One more barrier is needed before `shared` is written again
+/// ([`cube_sum`]).
 #[cube]
 fn cube_total(local: f32, shared: &mut Shared<[f32]>, #[comptime] threads: usize) -> f32 {
     shared[UNIT_POS as usize] = local;
+    cube_halvings(shared, threads, false);
+    shared[0]
+}
+
+/// Folds `shared[..threads]` into `shared[0]` by halvings, a barrier after each (the first
+/// before any): `shared[i]` and `shared[i + stride]` summed, or with `greatest` their larger.
+#[cube]
+fn cube_halvings(
+    shared: &mut Shared<[f32]>,
+    #[comptime] threads: usize,
+    #[comptime] greatest: bool,
+) {
+    let tid = UNIT_POS as usize;
     sync_cube();
-    let mut total = 0.0f32;
-    for j in 0..threads {
-        total += shared[j];
+    let mut stride = comptime!(threads.next_power_of_two() / 2).runtime();
+    while stride > 0 {
+        if tid < stride && tid + stride < threads {
+            let (a, b) = (shared[tid], shared[tid + stride]);
+            if comptime!(greatest) {
+                shared[tid] = f32::max(a, b);
+            } else {
+                shared[tid] = a + b;
+            }
+        }
+        sync_cube();
+        stride /= 2;
     }
-    total
 }
 
 /// [`cube_total`] over [`THREADS`], with `shared` free to be written again after it.
@@ -674,11 +697,8 @@ pub(super) fn softmax_part_kernel(
 #[cube]
 fn cube_greatest(local: f32, shared: &mut Shared<[f32]>) -> f32 {
     shared[UNIT_POS as usize] = local;
-    sync_cube();
-    let mut top = LOWEST.runtime();
-    for j in 0..THREADS {
-        top = f32::max(top, shared[j]);
-    }
+    cube_halvings(shared, THREADS, true);
+    let top = shared[0];
     sync_cube();
     top
 }
