@@ -236,13 +236,7 @@ pub unsafe fn fused_products<P: Prologue>(
     parts: &[Product<'_>],
 ) -> Result<(), DirectError> {
     let (client, inp, kernel_parts) = checked(rows, parts)?;
-    if inp > FUSED_MAX_IN {
-        return Err(DirectError::Parts(format!(
-            "rows of {inp} values are wider than a fused product takes ({FUSED_MAX_IN})"
-        )));
-    }
-    check("prologue input", input.first, input.first_len)?;
-    check("prologue input", input.second, input.second_len)?;
+    check_prologue(&input, inp)?;
     // SAFETY: `checked` checked the sizes, widths and addends (see `launch`), and the input's
     // buffers hold the lengths given; the caller vouches that `P` reads within them.
     unsafe { fused::launch::<P>(client, input, rows, inp, &kernel_parts) };
@@ -283,14 +277,8 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
     if a.client().name() != b.client().name() {
         return Err(DirectError::Parts("weights on different clients".into()));
     }
-    if inp > FUSED_MAX_IN {
-        return Err(DirectError::Parts(format!(
-            "rows of {inp} values are wider than a fused product takes ({FUSED_MAX_IN})"
-        )));
-    }
+    check_prologue(&input, inp)?;
     check("split", split, split_words(rows, out))?;
-    check("prologue input", input.first, input.first_len)?;
-    check("prologue input", input.second, input.second_len)?;
     let buffers = |w: &'a DirectWeight| (&w.values.handle, &w.scales.handle);
     // SAFETY: the shapes (`DirectWeight::new` checked the dtypes and contiguity), the split's
     // size and the input's lengths were checked above; the caller vouches that `P` reads
@@ -333,6 +321,18 @@ pub fn staged_product(
     // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the weight's
     // width, within the `len` words checked against the buffer.
     unsafe { fused_products::<StagedSplit>(input, rows, &[product]) }
+}
+
+/// Whether a prologue's product takes rows of `inp` values (at most [`FUSED_MAX_IN`]) and
+/// `input`'s buffers hold the lengths it gives.
+fn check_prologue(input: &PrologueInput<'_>, inp: usize) -> Result<(), DirectError> {
+    if inp > FUSED_MAX_IN {
+        return Err(DirectError::Parts(format!(
+            "rows of {inp} values are wider than a fused product takes ({FUSED_MAX_IN})"
+        )));
+    }
+    check("prologue input", input.first, input.first_len)?;
+    check("prologue input", input.second, input.second_len)
 }
 
 /// The parts' weights' client and width and their kernel descriptions, once every output and

@@ -569,9 +569,9 @@ fn advance(ids: &mut [u32], pos: &mut [u32], choice: u32, capacity: usize) {
 
 /// The sum over a cube of `threads` threads of every thread's `local`, the same in every
 /// thread: halvings in shared memory, a barrier each ([`cube_halvings`]), rather than every
-/// thread reading every partial sum in turn (256 dependent reads, the longest wait of a norm or
-/// of a pass of top-p's search). One more barrier is needed before `shared` is written again
-/// ([`cube_sum`]).
+/// thread reading every partial sum in turn (as many dependent reads as threads, in every norm
+/// and every pass of top-p's search). One more barrier is needed before `shared` is written
+/// again ([`cube_sum`]).
 #[cube]
 fn cube_total(local: f32, shared: &mut Shared<[f32]>, #[comptime] threads: usize) -> f32 {
     shared[UNIT_POS as usize] = local;
