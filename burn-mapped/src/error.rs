@@ -132,6 +132,55 @@ pub enum StoreError {
         /// shape x element size, or `None` on overflow.
         expected: ExpectedLen,
     },
+    /// A tensor has more dimensions than a store holds.
+    #[error("tensor `{tensor}`: rank {rank} is over the limit of {max} dimensions")]
+    RankTooHigh {
+        /// Tensor.
+        tensor: String,
+        /// Its number of dimensions.
+        rank: usize,
+        /// [`crate::MAX_RANK`].
+        max: usize,
+    },
+    /// A checkpoint file to be read in place cannot be opened, locked or mapped.
+    #[error("checkpoint {}: {source}", file.display())]
+    Checkpoint {
+        /// The file.
+        file: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A checkpoint file read in place is not valid GGUF.
+    #[error("{}: {source}", file.display())]
+    Gguf {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with it (boxed: it is large and rare).
+        source: Box<crate::gguf::GgufError>,
+    },
+    /// A GGUF tensor of a type nothing here reads.
+    #[error(
+        "{}: tensor `{tensor}`: GGUF type {ty} has no reader here (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K)",
+        file.display()
+    )]
+    GgufType {
+        /// The file.
+        file: PathBuf,
+        /// Tensor.
+        tensor: String,
+        /// The type's name.
+        ty: &'static str,
+    },
+    /// A tensor of a checkpoint read in place does not fit the file as its header says.
+    #[error("{}: tensor `{tensor}`: {reason}", file.display())]
+    BadView {
+        /// The file.
+        file: PathBuf,
+        /// Tensor.
+        tensor: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A checksum string is not 16 hex digits.
     #[error("tensor `{tensor}` (file `{file}`): checksum `{found}` is not a 64-bit hex value")]
     BadChecksum {
@@ -343,6 +392,57 @@ pub enum StoreError {
         dir: PathBuf,
         /// What was found.
         reason: &'static str,
+    },
+    /// A writer was pointed at a path that cannot become a store (`.`, `..`, `/`); nothing
+    /// was touched.
+    #[error("cannot write a store at {}: {reason}", dir.display())]
+    BadTarget {
+        /// The target.
+        dir: PathBuf,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A store to be replaced holds a file its manifest does not name (the user's, most
+    /// likely); nothing was touched.
+    #[error(
+        "store {} holds `{file}`, which is not part of the store; refusing to replace it (move the file elsewhere first)",
+        dir.display()
+    )]
+    ForeignFile {
+        /// The store.
+        dir: PathBuf,
+        /// The file's name in it.
+        file: String,
+    },
+    /// A store needs more open files (one per tensor, kept open while mapped) than the
+    /// process may open, even after raising its soft limit to the hard one.
+    #[error(
+        "store {} maps {needed} tensor files, but this process may open only {limit} files (hard limit {hard}); raise it (`ulimit -n`) and retry",
+        dir.display()
+    )]
+    TooManyFiles {
+        /// The store.
+        dir: PathBuf,
+        /// Files the store needs open, with a margin for the rest of the process.
+        needed: u64,
+        /// The soft limit after trying to raise it.
+        limit: u64,
+        /// The hard limit.
+        hard: u64,
+    },
+    /// A manifest's entries do not hash to the digest it records: entries were edited,
+    /// reordered or exchanged after the store was written.
+    #[error(
+        "{}: the manifest's entries do not match its digest (recorded {recorded}, computed {computed}): entries were edited or rearranged",
+        path.display()
+    )]
+    ManifestDigest {
+        /// The manifest file.
+        path: PathBuf,
+        /// The digest it records.
+        recorded: String,
+        /// The digest of its entries.
+        computed: String,
     },
     /// A writer was pointed at an existing store without being allowed to replace it.
     #[error("{} is an existing store; replacing it was not requested", dir.display())]

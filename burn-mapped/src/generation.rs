@@ -36,6 +36,9 @@ use crate::untrusted::{open_regular_at, read_capped};
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// How often a reader starts over because the store was replaced while it opened it.
 const MAX_REOPENS: usize = 64;
+/// Descriptors left free beside a store's tensor files, for the rest of the process (standard
+/// streams, a GPU driver's files, the tokenizer's source).
+const SPARE_FILES: u64 = 256;
 
 /// An open store directory, locked shared until dropped.
 pub(crate) struct Generation {
@@ -98,7 +101,53 @@ impl Generation {
         &self,
         entries: &[TensorEntry],
     ) -> Result<Vec<(File, PathBuf)>, StoreError> {
+        self.make_room(entries.len())?;
         entries.iter().map(|e| self.open_tensor(e)).collect()
+    }
+
+    /// Makes sure `files` more descriptors can be opened (each mapped tensor keeps its file,
+    /// and with it its shared lock, open): raises the soft open-file limit towards the hard one
+    /// when the store needs it, as Go's runtime does for every program. Stores of more than
+    /// ~1000 tensors (models above a few billion parameters) pass the common soft limit of 1024.
+    ///
+    /// # Errors
+    /// [`StoreError::TooManyFiles`] when even the hard limit leaves too few.
+    pub(crate) fn make_room(&self, files: usize) -> Result<(), StoreError> {
+        let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+        let needed = open_now + files as u64 + SPARE_FILES;
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit into `limit`.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return Ok(()); // Unknown: let the opens report what they meet.
+        }
+        if limit.rlim_cur >= needed {
+            return Ok(());
+        }
+        let raised = libc::rlimit {
+            rlim_cur: needed.min(limit.rlim_max),
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit; a soft limit up to the hard one is always allowed.
+        let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0;
+        let now = if set { raised.rlim_cur } else { limit.rlim_cur };
+        if now < needed {
+            return Err(StoreError::TooManyFiles {
+                dir: self.path.clone(),
+                needed,
+                limit: now,
+                hard: limit.rlim_max,
+            });
+        }
+        log::debug!(
+            target: "burn_mapped",
+            "raised the open-file limit from {} to {now} for {}",
+            limit.rlim_cur,
+            self.path.display()
+        );
+        Ok(())
     }
 }
 

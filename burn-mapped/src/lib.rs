@@ -98,6 +98,7 @@ mod recorder;
 mod slabs;
 mod store;
 pub mod untrusted;
+pub mod view;
 mod writer;
 
 pub use device::{max_binding, placement_on};
@@ -113,7 +114,10 @@ pub use manifest::{
 pub use map::MappedFile;
 pub use placement::{Placement, Stager, UnknownPlacement, is_flex, owned_copy};
 /// The host kernels' thread count and the variable that sets it.
-pub use pool::{THREADS_VAR as HOST_THREADS_VAR, threads as host_threads};
+pub use pool::{
+    MAX_THREADS, THREADS_VAR as HOST_THREADS_VAR, ThreadsVarError, threads as host_threads,
+    threads_from_env as host_threads_from_env,
+};
 pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
 pub use recorder::MappedRecorder;
 pub use store::{MappedStore, OpenOptions, verify_dir};

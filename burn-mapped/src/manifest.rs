@@ -17,8 +17,9 @@ use crate::layout::{ALIGNMENT, padded_len};
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The format tag written in every manifest.
 pub const FORMAT: &str = "burn-mapped";
-/// The store format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The store format version this build reads and writes. Version 2 added the manifest's
+/// `digest`; version 1 stores are refused (convert them again).
+pub const FORMAT_VERSION: u32 = 2;
 /// Largest manifest accepted (a manifest is a few hundred bytes per tensor).
 pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
 /// Most tensors one store may hold.
@@ -123,6 +124,17 @@ struct RawManifest {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     metadata: BTreeMap<String, String>,
     tensors: Vec<RawEntry>,
+    /// `xxh3:<16 hex digits>` over the metadata and entries ([`Manifest::digest`]). Read
+    /// with a default so that a manifest without one is refused by its version first.
+    #[serde(default)]
+    digest: String,
+}
+
+/// What the manifest's digest covers, serialized compactly in this order.
+#[derive(Serialize)]
+struct Digested<'a> {
+    metadata: &'a BTreeMap<String, String>,
+    tensors: &'a [RawEntry],
 }
 
 #[derive(Serialize, Deserialize)]
@@ -142,16 +154,19 @@ struct RawEntry {
     blocks: Option<RawBlocks>,
 }
 
-/// One validated tensor entry.
+/// One validated tensor entry: of a store (its own file, from offset 0, with a checksum) or
+/// of a view of a checkpoint file (at an offset in a file shared with other tensors, with no
+/// checksum of its own; see [`Manifest::is_view`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorEntry {
     name: String,
     dtype: DType,
     shape: Vec<usize>,
     file: String,
+    offset: u64,
     len: u64,
     padded_len: u64,
-    xxh3: u64,
+    xxh3: Option<u64>,
     param_id: Option<u64>,
     quant: Option<QuantLink>,
     blocks: Option<BlockLayout>,
@@ -211,6 +226,34 @@ impl TensorEntry {
         validate_entry(raw)
     }
 
+    /// An entry of a view: `name` of `dtype` and `shape` at `offset` in the checkpoint file
+    /// `file`, optionally holding GGUF blocks. Name, rank, length and block layout are checked
+    /// as for a store entry.
+    pub(crate) fn in_file(
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        file: String,
+        offset: u64,
+        blocks: Option<BlockLayout>,
+    ) -> Result<Self, StoreError> {
+        let mut entry = Self::new(
+            name,
+            dtype,
+            shape,
+            file,
+            0,
+            Annotations {
+                blocks,
+                ..Annotations::default()
+            },
+        )?;
+        entry.offset = offset;
+        entry.padded_len = entry.len;
+        entry.xxh3 = None;
+        Ok(entry)
+    }
+
     /// Module path of the tensor (`layers.0.attn.q_proj.weight`).
     pub fn name(&self) -> &str {
         &self.name
@@ -235,12 +278,18 @@ impl TensorEntry {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// On-disk length: `len` rounded up to [`ALIGNMENT`].
+    /// On-disk length: `len` rounded up to [`ALIGNMENT`] in a store; `len` in a view.
     pub fn padded_len(&self) -> u64 {
         self.padded_len
     }
-    /// xxh3-64 of the logical bytes.
-    pub fn xxh3(&self) -> u64 {
+    /// Where the tensor's bytes start in its file: 0 in a store, the tensor's offset in a
+    /// view.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// xxh3-64 of the logical bytes; `None` in a view (a checkpoint records no per-tensor
+    /// checksum).
+    pub fn xxh3(&self) -> Option<u64> {
         self.xxh3
     }
     /// Burn parameter id recorded with the tensor, if any.
@@ -269,6 +318,7 @@ pub struct Manifest {
     tensors: Vec<TensorEntry>,
     index: HashMap<String, usize>,
     padded_total: u64,
+    view: bool,
 }
 
 impl Manifest {
@@ -315,13 +365,71 @@ impl Manifest {
             .into_iter()
             .map(validate_entry)
             .collect::<Result<Vec<_>, _>>()?;
-        Self::from_entries(tensors, raw.metadata)
+        let manifest = Self::from_entries(tensors, raw.metadata)?;
+        // Last, so an entry that is wrong in itself is reported as such.
+        let computed = manifest.digest();
+        if raw.digest != computed {
+            return Err(StoreError::ManifestDigest {
+                path: path.to_path_buf(),
+                recorded: raw.digest.escape_debug().to_string(),
+                computed,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// `xxh3:<16 hex digits>` of the metadata and the entries, in order: binds each tensor's
+    /// name to its file, shape and checksum, so entries edited or exchanged after writing are
+    /// refused when the store is opened. (A check against accidents and naive edits, not a
+    /// signature: whoever rewrites the manifest can recompute it.)
+    pub fn digest(&self) -> String {
+        let entries = self.raw_entries();
+        let bytes = serde_json::to_vec(&Digested {
+            metadata: &self.metadata,
+            tensors: &entries,
+        })
+        .expect("manifest types always serialize");
+        format!("xxh3:{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+    }
+
+    fn raw_entries(&self) -> Vec<RawEntry> {
+        self.tensors
+            .iter()
+            .map(|t| RawEntry {
+                name: t.name.clone(),
+                dtype: t.dtype_name().to_string(),
+                shape: t.shape.iter().map(|&d| d as u64).collect(),
+                file: t.file.clone(),
+                len: t.len,
+                xxh3: t.xxh3.map_or_else(String::new, |h| format!("{h:016x}")),
+                param_id: t.param_id,
+                quant: t.quant.clone(),
+                blocks: t.blocks.map(RawBlocks::from),
+            })
+            .collect()
     }
 
     /// Assembles a manifest from entries, checking uniqueness and quantization links.
     pub(crate) fn from_entries(
         tensors: Vec<TensorEntry>,
         metadata: BTreeMap<String, String>,
+    ) -> Result<Self, StoreError> {
+        Self::assemble(tensors, metadata, false)
+    }
+
+    /// The table of a checkpoint file read in place: entries made by [`TensorEntry::in_file`],
+    /// which share their file (the view checks their ranges against it).
+    pub(crate) fn view(
+        tensors: Vec<TensorEntry>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Self, StoreError> {
+        Self::assemble(tensors, metadata, true)
+    }
+
+    fn assemble(
+        tensors: Vec<TensorEntry>,
+        metadata: BTreeMap<String, String>,
+        view: bool,
     ) -> Result<Self, StoreError> {
         let mut index = HashMap::with_capacity(tensors.len());
         let mut files: HashMap<&str, &str> = HashMap::with_capacity(tensors.len());
@@ -340,7 +448,9 @@ impl Manifest {
                     tensor: entry.name.clone(),
                 });
             }
-            if let Some(other) = files.insert(&entry.file, &entry.name) {
+            if let Some(other) = files.insert(&entry.file, &entry.name)
+                && !view
+            {
                 return Err(StoreError::DuplicateFile {
                     tensor: entry.name.clone(),
                     other: other.to_string(),
@@ -353,6 +463,7 @@ impl Manifest {
             tensors,
             index,
             padded_total,
+            view,
         };
         for entry in &manifest.tensors {
             if let Some(link) = &entry.quant {
@@ -385,6 +496,12 @@ impl Manifest {
             return Err(bad("scales must be f16 with one value per output row"));
         }
         Ok(())
+    }
+
+    /// Whether this is the table of a checkpoint file read in place (GGUF, safetensors)
+    /// rather than of a store: its entries share their file, at offsets, without checksums.
+    pub fn is_view(&self) -> bool {
+        self.view
     }
 
     /// All entries, in manifest order.
@@ -425,21 +542,8 @@ impl Manifest {
             version: FORMAT_VERSION,
             alignment: ALIGNMENT,
             metadata: self.metadata.clone(),
-            tensors: self
-                .tensors
-                .iter()
-                .map(|t| RawEntry {
-                    name: t.name.clone(),
-                    dtype: t.dtype_name().to_string(),
-                    shape: t.shape.iter().map(|&d| d as u64).collect(),
-                    file: t.file.clone(),
-                    len: t.len,
-                    xxh3: format!("{:016x}", t.xxh3),
-                    param_id: t.param_id,
-                    quant: t.quant.clone(),
-                    blocks: t.blocks.map(RawBlocks::from),
-                })
-                .collect(),
+            tensors: self.raw_entries(),
+            digest: self.digest(),
         };
         serde_json::to_string_pretty(&raw).expect("manifest types always serialize")
     }
@@ -474,7 +578,11 @@ fn validate_entry(raw: RawEntry) -> Result<TensorEntry, StoreError> {
         expected,
     };
     if raw.shape.len() > MAX_RANK {
-        return Err(mismatch(ExpectedLen::Overflow));
+        return Err(StoreError::RankTooHigh {
+            tensor: raw.name.clone(),
+            rank: raw.shape.len(),
+            max: MAX_RANK,
+        });
     }
     let expected = shape_bytes(&raw.shape, dtype);
     if expected != ExpectedLen::Bytes(raw.len) {
@@ -504,9 +612,10 @@ fn validate_entry(raw: RawEntry) -> Result<TensorEntry, StoreError> {
         dtype,
         shape,
         file: raw.file,
+        offset: 0,
         len: raw.len,
         padded_len: padded,
-        xxh3,
+        xxh3: Some(xxh3),
         param_id: raw.param_id,
         quant: raw.quant,
         blocks,

@@ -100,6 +100,68 @@ impl MappedFile {
         })
     }
 
+    /// A whole input file (a checkpoint being converted or read in place), opened from
+    /// `path` as `file`: locked shared as store files are (a cooperating rewriter is refused
+    /// while it is mapped), mapped read-only and shared with `advice` for read-ahead, and
+    /// registered with the fault handler as an input, so a truncation ends the process with a
+    /// message naming it (and removes a store writer's temporary directory).
+    ///
+    /// # Errors
+    /// A file locked exclusively, larger than the address space, or that cannot be mapped.
+    pub(crate) fn whole(file: File, path: &Path, advice: memmap2::Advice) -> std::io::Result<Self> {
+        let len = usize::try_from(file.metadata()?.len()).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "larger than the address space",
+            )
+        })?;
+        // SAFETY: flock only reads the descriptor, which `file` keeps open.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: read-only and shared, owned by this value, which hands out borrows only;
+            // the file changing underneath is the documented hazard of this type, turned into
+            // a clear exit by the registration below.
+            let map = unsafe { MmapOptions::new().len(len).map(&file) }?;
+            // Best effort: a hint for read-ahead; failure changes nothing but speed.
+            let _ = map.advise(advice);
+            Some(map)
+        };
+        let range = map.as_deref().map_or(0..0, |m: &[u8]| {
+            let start = m.as_ptr() as usize;
+            start..start + m.len()
+        });
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        Ok(Self {
+            _fault: crate::fault::register_as(range, path, crate::fault::Role::Source),
+            map,
+            len,
+            path: path.to_path_buf(),
+            name: Arc::from(name),
+            _file: file,
+        })
+    }
+
+    /// [`whole`](Self::whole) for a checkpoint read in place, opened at `path` as the user gave
+    /// it (a link is followed) and checked to be a regular file.
+    ///
+    /// # Errors
+    /// [`StoreError::Checkpoint`] naming the file.
+    pub(crate) fn checkpoint(path: &Path) -> Result<Self, StoreError> {
+        crate::untrusted::open_regular(path, crate::untrusted::Links::Follow)
+            .and_then(|file| Self::whole(file, path, memmap2::Advice::Normal))
+            .map_err(|source| StoreError::Checkpoint {
+                file: path.to_path_buf(),
+                source,
+            })
+    }
+
     /// The tensor's logical bytes.
     pub fn bytes(&self) -> &[u8] {
         match &self.map {
@@ -116,10 +178,6 @@ impl MappedFile {
     /// The tensor's name.
     pub fn tensor(&self) -> &str {
         &self.name
-    }
-
-    pub(crate) fn name_arc(&self) -> Arc<str> {
-        Arc::clone(&self.name)
     }
 
     /// Path of the mapped file.

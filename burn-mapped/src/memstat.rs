@@ -52,6 +52,26 @@ pub fn rss_of(pid: &str) -> io::Result<Rss> {
     Ok(rss)
 }
 
+/// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`): what no single
+/// allocation can exceed, so a size above it is refused before it is attempted.
+pub fn physical_memory() -> io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    let kb = text
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo")
+        })?;
+    Ok(kb.saturating_mul(1024))
+}
+
 /// Proportional set size and anonymous bytes of process `pid` (`/proc/PID/smaps_rollup`).
 pub fn pss_of(pid: &str) -> io::Result<(u64, u64)> {
     let text = smaps_rollup(pid)?;

@@ -35,23 +35,51 @@ const SPINS_PER_CLOCK: u32 = 64;
 /// The environment variable that overrides the thread count.
 pub const THREADS_VAR: &str = "BURN_MAPPED_THREADS";
 
-/// Threads a job runs on, the calling thread included: `BURN_MAPPED_THREADS` if it is a
-/// positive integer, else the machine's available parallelism. Read once, at the first call.
+/// Most threads a pool starts, whatever `BURN_MAPPED_THREADS` asks: each thread costs a stack
+/// and a wake-up per job, and no machine this crate runs on has more cores.
+pub const MAX_THREADS: usize = 1024;
+
+/// Threads a job runs on, the calling thread included: `BURN_MAPPED_THREADS` if it is an
+/// integer from 1 to [`MAX_THREADS`], else the machine's available parallelism (with a
+/// warning). Read once, at the first call.
 pub fn threads() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
     *THREADS.get_or_init(|| {
         let default = std::thread::available_parallelism().map_or(1, |n| n.get());
-        match std::env::var(THREADS_VAR) {
-            Err(_) => default,
-            Ok(v) => match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => n,
-                _ => {
-                    log::warn!("{THREADS_VAR}={v:?} is not a positive integer; using {default}");
-                    default
-                }
-            },
+        match threads_from_env() {
+            Ok(Some(n)) => n,
+            Ok(None) => default,
+            Err(e) => {
+                log::warn!("{e}; using {default}");
+                default
+            }
         }
     })
+}
+
+/// `BURN_MAPPED_THREADS` was set to something other than an integer from 1 to
+/// [`MAX_THREADS`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{THREADS_VAR}={value:?} is not a thread count from 1 to {MAX_THREADS}")]
+pub struct ThreadsVarError {
+    /// The variable's value.
+    pub value: String,
+}
+
+/// The thread count `BURN_MAPPED_THREADS` asks for, `None` when it is not set; a program can
+/// call this first to refuse a bad value instead of running with the default.
+///
+/// # Errors
+/// [`ThreadsVarError`] for a value that is not an integer from 1 to [`MAX_THREADS`].
+pub fn threads_from_env() -> Result<Option<usize>, ThreadsVarError> {
+    let Some(value) = std::env::var_os(THREADS_VAR) else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy().into_owned();
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(Some(n)),
+        _ => Err(ThreadsVarError { value }),
+    }
 }
 
 /// Runs `f(0)`, ..., `f(tasks - 1)` on the calling thread and the process's pool (started on

@@ -67,17 +67,63 @@ impl OpenOptions {
     pub fn open(self, dir: impl AsRef<Path>) -> Result<MappedStore, StoreError> {
         MappedStore::open_with(dir.as_ref(), self)
     }
+
+    /// Opens the GGUF file at `path` in place (see [`MappedStore::open_gguf`]), naming each
+    /// tensor `rename(gguf_name)` and leaving out those it maps to `None`.
+    ///
+    /// # Errors
+    /// As [`MappedStore::open_gguf`].
+    pub fn open_gguf(
+        self,
+        path: impl AsRef<Path>,
+        rename: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<MappedStore, StoreError> {
+        Ok(self.open_gguf_with_header(path, rename)?.0)
+    }
+
+    /// [`open_gguf`](Self::open_gguf), also returning the parsed header: its vocabulary and
+    /// chat template, for a caller that builds a tokenizer without parsing the file again.
+    ///
+    /// # Errors
+    /// As [`MappedStore::open_gguf`].
+    pub fn open_gguf_with_header(
+        self,
+        path: impl AsRef<Path>,
+        rename: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(MappedStore, crate::gguf::GgufFile), StoreError> {
+        crate::view::gguf::open(path.as_ref(), self, rename)
+    }
+
+    /// Opens a safetensors checkpoint in place (see [`MappedStore::open_safetensors`]), naming
+    /// each tensor `rename(name)` and leaving out those it maps to `None`.
+    ///
+    /// # Errors
+    /// As [`MappedStore::open_safetensors`].
+    pub fn open_safetensors(
+        self,
+        path: impl AsRef<Path>,
+        rename: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<MappedStore, StoreError> {
+        crate::view::safetensors::open(path.as_ref(), self, rename)
+    }
 }
 
-/// An open store: a validated manifest and one read-only shared mapping per tensor file.
+/// An open store: a validated manifest and one read-only shared mapping per tensor file; or
+/// a checkpoint file read in place ([`MappedStore::open_gguf`], [`MappedStore::open_safetensors`]),
+/// one mapping of the whole file whose tensors are windows at their offsets.
 ///
 /// Opening checks every file (presence, type, size) before mapping any, and maps without
 /// reading: no tensor byte is touched until a kernel reads it.
 #[derive(Debug)]
 pub struct MappedStore {
+    /// The store directory, or the checkpoint file of a view.
     dir: PathBuf,
     manifest: Manifest,
+    /// The mapping holding each entry (for a view, the same one for many entries).
     files: Vec<Arc<MappedFile>>,
+    /// Owned copies of the entries a view could not adopt where they lie (see
+    /// [`copied`](Self::copied)), by entry index.
+    copies: BTreeMap<usize, bytes::Bytes>,
     strict: StrictMode,
     placement: Placement,
     // Burn-store wants references into a map it owns; built on first use.
@@ -93,6 +139,36 @@ impl MappedStore {
     /// Options builder.
     pub fn options() -> OpenOptions {
         OpenOptions::default()
+    }
+
+    /// Opens the GGUF file at `path` in place, with default options and GGUF's own tensor
+    /// names: one read-only shared mapping of the file, every tensor a window onto it at its
+    /// offset (see [`crate::view`]). `F32`/`F16`/`BF16` tensors keep their dtype; 2-D tensors
+    /// of a block type the block kernels read keep their blocks as `u8` `[rows, row_bytes]`
+    /// with a [`BlockLayout`](crate::BlockLayout) (see [`crate::blocks`]); other block tensors
+    /// are dequantized to `f32` once and listed by [`copied`](Self::copied). The metadata's
+    /// scalars are `gguf.<key>` strings in [`manifest`](Self::manifest)`.metadata()`.
+    ///
+    /// # Errors
+    /// [`StoreError::Checkpoint`] (cannot open, lock or map), [`StoreError::Gguf`] (not valid
+    /// GGUF: every offset and length is checked before a tensor is made),
+    /// [`StoreError::GgufType`] (a type nothing here reads), [`StoreError::BadView`].
+    pub fn open_gguf(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        OpenOptions::default().open_gguf(path, &|name| Some(name.to_string()))
+    }
+
+    /// Opens a safetensors checkpoint in place (one `.safetensors` file, a
+    /// `*.safetensors.index.json`, or a directory of shards), with default options and its own
+    /// tensor names: each file mapped once, read-only and shared, every tensor adopted at its
+    /// offset, or, where the offset does not suit its dtype's alignment, copied once, logged
+    /// and listed by [`copied`](Self::copied). A Burn module then loads from it with
+    /// `module.load_from(&mut store)`, its parameters the file's pages.
+    ///
+    /// # Errors
+    /// [`StoreError::Checkpoint`] (cannot open or map, or not valid safetensors: the reader's
+    /// error is inside), [`StoreError::UnsupportedDType`], [`StoreError::BadView`].
+    pub fn open_safetensors(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        OpenOptions::default().open_safetensors(path, &|name| Some(name.to_string()))
     }
 
     fn open_with(dir: &Path, options: OpenOptions) -> Result<Self, StoreError> {
@@ -116,15 +192,81 @@ impl MappedStore {
             dir: dir.to_path_buf(),
             manifest,
             files,
+            copies: BTreeMap::new(),
             strict: options.strict,
             placement: options.placement,
             pack_cache: None,
         })
     }
 
-    /// The store directory.
+    /// A view: `manifest` (made by [`Manifest::view`]) places each tensor in its file of
+    /// `files`; the entries in `copies` (by index) were copied once, as `copies` holds them,
+    /// instead of adopted.
+    pub(crate) fn from_view(
+        path: &Path,
+        manifest: Manifest,
+        files: Vec<Arc<MappedFile>>,
+        copies: BTreeMap<usize, bytes::Bytes>,
+        options: OpenOptions,
+    ) -> Self {
+        for (&i, bytes) in &copies {
+            let entry = &manifest.tensors()[i];
+            log::info!(
+                target: "burn_mapped",
+                "{}: tensor `{}` copied once ({} bytes): {}",
+                path.display(),
+                entry.name(),
+                bytes.len(),
+                "its bytes cannot be adopted where they lie"
+            );
+        }
+        Self {
+            dir: path.to_path_buf(),
+            files,
+            manifest,
+            copies,
+            strict: options.strict,
+            placement: options.placement,
+            pack_cache: None,
+        }
+    }
+
+    /// The store directory, or the checkpoint file of a view.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The tensors a view copied instead of adopting, with their byte counts: a safetensors
+    /// tensor whose offset does not suit its dtype's alignment, a GGUF tensor of a type the
+    /// block kernels do not read. Empty for a store.
+    pub fn copied(&self) -> Vec<(&str, u64)> {
+        self.copies
+            .iter()
+            .map(|(&i, b)| (self.manifest.tensors()[i].name(), b.len() as u64))
+            .collect()
+    }
+
+    /// The bytes of tensor `name` as stored (the file's mapped pages, or a view's copy).
+    ///
+    /// # Errors
+    /// [`StoreError::TensorNotFound`].
+    pub fn bytes(&self, name: &str) -> Result<&[u8], StoreError> {
+        Ok(self.bytes_at(self.index(name)?))
+    }
+
+    fn bytes_at(&self, i: usize) -> &[u8] {
+        match self.copies.get(&i) {
+            Some(copy) => copy,
+            None => &self.files[i].bytes()[self.range(i)],
+        }
+    }
+
+    /// Where entry `i`'s bytes lie in its mapping.
+    fn range(&self, i: usize) -> Range<usize> {
+        let entry = &self.manifest.tensors()[i];
+        // Checked against the mapping's length when the view or store was opened.
+        let start = entry.offset() as usize;
+        start..start + entry.len() as usize
     }
 
     /// The validated manifest.
@@ -151,7 +293,9 @@ impl MappedStore {
             })
     }
 
-    /// The mapping of one tensor.
+    /// The mapping holding one tensor: its own file in a store, the whole checkpoint in a view
+    /// (the tensor's bytes are then at its entry's [`offset`](TensorEntry::offset); see
+    /// [`bytes`](Self::bytes)).
     pub fn mapped(&self, name: &str) -> Result<&Arc<MappedFile>, StoreError> {
         Ok(&self.files[self.index(name)?])
     }
@@ -200,7 +344,7 @@ impl MappedStore {
         let mut block_shape = shape.to_vec();
         block_shape[0] = rows.len();
         Ok(TensorData::from_bytes(
-            self.burn_bytes_range(&self.files[i], bytes),
+            self.burn_bytes(i, bytes),
             block_shape,
             entry.dtype(),
         ))
@@ -209,23 +353,30 @@ impl MappedStore {
     fn data_at(&self, i: usize) -> TensorData {
         let entry = &self.manifest.tensors()[i];
         TensorData::from_bytes(
-            self.burn_bytes(&self.files[i]),
+            self.burn_bytes(i, 0..entry.len() as usize),
             entry.shape().to_vec(),
             entry.dtype(),
         )
     }
 
-    pub(crate) fn burn_bytes(&self, file: &Arc<MappedFile>) -> burn::tensor::Bytes {
-        self.burn_bytes_range(file, 0..file.bytes().len())
-    }
-
-    /// [`burn_bytes`](Self::burn_bytes) of `range` of the file's bytes.
-    fn burn_bytes_range(&self, file: &Arc<MappedFile>, range: Range<usize>) -> burn::tensor::Bytes {
+    /// Burn bytes of `within` (a range of entry `i`'s bytes): a window onto the mapped pages
+    /// (or a view's copy) behind the read-only controller, or an owned copy for a store opened
+    /// resident.
+    fn burn_bytes(&self, i: usize, within: Range<usize>) -> burn::tensor::Bytes {
         if self.placement.copies_at_load() {
-            return shared_owned_copy(&file.bytes()[range]);
+            return shared_owned_copy(&self.bytes_at(i)[within]);
         }
-        let shared = bytes::Bytes::from_owner(MapOwner(Arc::clone(file))).slice(range);
-        MappedController::new(shared, file.name_arc(), self.strict).into_burn_bytes()
+        let file = &self.files[i];
+        let shared = match self.copies.get(&i) {
+            Some(copy) => copy.slice(within),
+            None => {
+                let start = self.range(i).start;
+                bytes::Bytes::from_owner(MapOwner(Arc::clone(file)))
+                    .slice(start + within.start..start + within.end)
+            }
+        };
+        let name = Arc::from(self.manifest.tensors()[i].name());
+        MappedController::new(shared, name, self.strict).into_burn_bytes()
     }
 
     /// Explicit request for write access to a tensor's bytes: always refused.
@@ -241,9 +392,11 @@ impl MappedStore {
 
     /// Re-hashes every tensor file; returns every problem found (empty when the store is
     /// intact). Checks the logical bytes against the manifest's xxh3 and that the padding is
-    /// zero.
+    /// zero. A view has no checksums to check: it returns nothing (hash the checkpoint file
+    /// itself to check it).
     pub fn verify(&self) -> Vec<StoreError> {
         self.iter()
+            .filter(|(entry, _)| entry.xxh3().is_some())
             .filter_map(|(entry, file)| verify_one(entry, file).err())
             .collect()
     }
@@ -258,7 +411,7 @@ impl MappedStore {
                         entry.dtype(),
                         entry.shape().to_vec(),
                         entry.param_id(),
-                        self.burn_bytes(&self.files[i]),
+                        self.burn_bytes(i, 0..entry.len() as usize),
                     );
                     (entry.name().to_string(), tensor)
                 })
@@ -286,6 +439,7 @@ pub fn verify_dir(
     let generation = Generation::open(dir.as_ref())?;
     let manifest = generation.manifest()?;
     // Open every file of this generation first, then let writers go on while hashing.
+    generation.make_room(manifest.tensors().len())?;
     let opened: Vec<_> = manifest
         .tensors()
         .iter()
@@ -303,14 +457,15 @@ pub fn verify_dir(
     Ok(problems)
 }
 
-/// Hashes one mapped file and checks its padding.
+/// Hashes one mapped store file and checks its padding.
 pub(crate) fn verify_one(entry: &TensorEntry, file: &MappedFile) -> Result<(), StoreError> {
     let actual = xxh3_64(file.bytes());
-    if actual != entry.xxh3() {
+    let expected = entry.xxh3().unwrap_or_default();
+    if actual != expected {
         return Err(StoreError::ChecksumMismatch {
             tensor: entry.name().to_string(),
             file: file.path().to_path_buf(),
-            expected: entry.xxh3(),
+            expected,
             actual,
         });
     }

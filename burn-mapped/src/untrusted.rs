@@ -34,7 +34,7 @@ pub fn open_regular(path: &Path, links: Links) -> io::Result<File> {
     let name = c_path(path.as_os_str().as_bytes())?;
     // SAFETY: `name` is NUL-terminated and lives for the call.
     let fd = unsafe { libc::open(name.as_ptr(), flags(links)) };
-    regular_from_fd(fd)
+    regular_from_fd(fd, links)
 }
 
 /// [`open_regular`] for `name` inside the open directory `dir`, never following a link.
@@ -45,7 +45,7 @@ pub fn open_regular_at(dir: &File, name: &str) -> io::Result<File> {
     let name = c_path(name.as_bytes())?;
     // SAFETY: `dir` is an open descriptor for the call's duration and `name` is NUL-terminated.
     let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags(Links::Refuse)) };
-    regular_from_fd(fd)
+    regular_from_fd(fd, Links::Refuse)
 }
 
 /// Reads all of `file`, failing with [`io::ErrorKind::FileTooLarge`] once more than `cap`
@@ -89,9 +89,18 @@ fn c_path(bytes: &[u8]) -> io::Result<CString> {
 
 /// Takes ownership of `fd` (negative: the OS error), checks it is a regular file and clears
 /// `O_NONBLOCK`, which only served the open.
-fn regular_from_fd(fd: libc::c_int) -> io::Result<File> {
+fn regular_from_fd(fd: libc::c_int, links: Links) -> io::Result<File> {
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        let error = io::Error::last_os_error();
+        // With O_NOFOLLOW, ELOOP means the name is a link, not a loop of links.
+        if links == Links::Refuse && error.raw_os_error() == Some(libc::ELOOP) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a symbolic link, which is never followed here (names read from a file must \
+                 name the file itself)",
+            ));
+        }
+        return Err(error);
     }
     // SAFETY: `fd` was just returned by open/openat and nothing else owns it.
     let file = unsafe { File::from_raw_fd(fd) };

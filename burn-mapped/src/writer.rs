@@ -7,11 +7,15 @@
 //! hold for a reader that is opening while the exchange happens).
 //!
 //! The writer removes only what it wrote: the target is replaced only when it is a
-//! burn-mapped store (its `manifest.json` says so) or an empty directory, never a file, a link
-//! or a directory with anything else in it ([`StoreError::NotAStore`]); of the replaced store
-//! it unlinks only the manifest and files named the way this writer names them. A temporary
-//! directory left by a killed writer is found by its name and its free lock and cleared the
-//! same way by the next writer into the same target.
+//! burn-mapped store (its `manifest.json` says so) holding nothing its manifest does not name,
+//! or an empty directory; never a file, a link or a directory with anything else in it
+//! ([`StoreError::NotAStore`], [`StoreError::ForeignFile`]). Of the replaced store it unlinks
+//! the manifest and the files it names, nothing else. The temporary directory is named
+//! `.<store>.tmp-<pid>-<n>-<random>` and holds a marker file from its first moment; one left
+//! by a killed writer is cleared by the next writer into the same target only when its name
+//! has exactly that form, it holds the marker, it belongs to the same user and its lock is
+//! free (so its writer is dead). A writer killed by a fault in a mapped input
+//! ([`crate::fault`]) removes its own.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -175,6 +179,8 @@ pub struct StoreWriter {
     existing: Existing,
     // Held (with `LOCK_EX`) while writing, so a later writer knows this one is alive.
     _tmp_lock: File,
+    // Lets the fault handler remove `tmp` if a mapped input faults while writing.
+    _on_fault: crate::fault::DirRegistration,
     entries: Vec<TensorEntry>,
     metadata: BTreeMap<String, String>,
     finished: bool,
@@ -196,17 +202,23 @@ impl StoreWriter {
     /// [`create`](Self::create), with what to do about an existing store at `dir`.
     pub fn create_with(dir: impl AsRef<Path>, existing: Existing) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
+        // `.`, `..` and `/` name no new entry that a finished store could be renamed to.
+        let Some(leaf) = dir.file_name().filter(|_| !ends_in_dots(&dir)) else {
+            return Err(StoreError::BadTarget {
+                dir,
+                reason: "a path that ends in `.`, `..` or `/` names no new directory; give the \
+                         store a directory of its own (for example `--out ./store`)",
+            });
+        };
+        let leaf = leaf.to_string_lossy().into_owned();
         check_target(&dir, existing)?;
         let parent = parent_of(&dir);
-        let leaf = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "store".to_string());
-        let prefix = format!(".{leaf}.tmp-");
+        let prefix = tmp_prefix(&leaf);
         let tmp = parent.join(format!(
-            "{prefix}{}-{}",
+            "{prefix}{}-{}-{:016x}",
             std::process::id(),
-            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed),
+            random_u64()
         ));
         let dir_io = |source| StoreError::DirIo {
             dir: tmp.clone(),
@@ -215,14 +227,23 @@ impl StoreWriter {
         std::fs::create_dir_all(&parent).map_err(dir_io)?;
         clear_abandoned(&parent, &prefix);
         std::fs::create_dir(&tmp).map_err(dir_io)?;
-        let lock = open_dir(&tmp)
-            .and_then(|file| lock(&file, libc::LOCK_EX).map(|()| file))
-            .map_err(dir_io)?;
+        let on_fault = crate::fault::remove_on_fault(&tmp);
+        let lock = File::create_new(tmp.join(WRITER_MARKER))
+            .and_then(|_| open_dir(&tmp))
+            .and_then(|file| lock(&file, libc::LOCK_EX).map(|()| file));
+        let lock = match lock {
+            Ok(lock) => lock,
+            Err(source) => {
+                remove_written(&tmp);
+                return Err(dir_io(source));
+            }
+        };
         Ok(Self {
             dir,
             tmp,
             existing,
             _tmp_lock: lock,
+            _on_fault: on_fault,
             entries: Vec::new(),
             metadata: BTreeMap::new(),
             finished: false,
@@ -306,6 +327,9 @@ impl StoreWriter {
         file.write_all(manifest.to_json().as_bytes())
             .and_then(|()| file.sync_all())
             .map_err(dir_io(&self.tmp))?;
+        // The marker only tells an abandoned temporary directory from a user's; the store
+        // itself does not hold it.
+        std::fs::remove_file(self.tmp.join(WRITER_MARKER)).map_err(dir_io(&self.tmp))?;
         sync_dir(&self.tmp).map_err(dir_io(&self.tmp))?;
         publish(&self.tmp, &self.dir, self.existing)?;
         self.finished = true;
@@ -320,6 +344,16 @@ impl Drop for StoreWriter {
             remove_written(&self.tmp);
         }
     }
+}
+
+/// Whether `dir` ends in a `.` or `..` component as written (`Path` drops a trailing `.`, the
+/// system does not: `rename(2)` onto `store/.` fails).
+pub(crate) fn ends_in_dots(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = dir.as_os_str().as_bytes();
+    let bytes = bytes.strip_suffix(b"/").unwrap_or(bytes);
+    let last = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    last == b"." || last == b".."
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -355,49 +389,89 @@ fn open_target(dir: &Path) -> Result<Option<File>, StoreError> {
 /// lets this writer replace.
 fn check_target(dir: &Path, existing: Existing) -> Result<(), StoreError> {
     match open_target(dir)? {
-        Some(handle) => classify(dir, &handle, existing),
+        Some(handle) => classify(dir, &handle, existing).map(drop),
         None => Ok(()),
     }
 }
 
 /// Whether the directory `handle` (at `dir`) may be replaced: an empty directory, or a store
-/// when `existing` allows replacing one.
-fn classify(dir: &Path, handle: &File, existing: Existing) -> Result<(), StoreError> {
+/// when `existing` allows replacing one and the directory holds nothing but its manifest and
+/// the files it names. Returns those names (what replacing it may unlink).
+fn classify(
+    dir: &Path,
+    handle: &File,
+    existing: Existing,
+) -> Result<Vec<std::ffi::OsString>, StoreError> {
     let not_a_store = |reason| StoreError::NotAStore {
         dir: dir.to_path_buf(),
         reason,
     };
-    let is_store = match crate::untrusted::open_regular_at(handle, MANIFEST_FILE) {
+    let store_files = match crate::untrusted::open_regular_at(handle, MANIFEST_FILE) {
         Ok(file) => {
             let bytes = crate::untrusted::read_capped(file, crate::manifest::MAX_MANIFEST_BYTES)
                 .map_err(|_| not_a_store("its manifest.json cannot be read"))?;
             // Any version of the format counts: replacing an old store is the point of
-            // converting again.
+            // converting again. Only the tag and the file names are read.
             #[derive(serde::Deserialize)]
             struct Tag {
                 format: String,
+                #[serde(default)]
+                tensors: Vec<Named>,
             }
-            serde_json::from_slice::<Tag>(&bytes).is_ok_and(|t| t.format == FORMAT)
+            #[derive(serde::Deserialize)]
+            struct Named {
+                file: String,
+            }
+            serde_json::from_slice::<Tag>(&bytes)
+                .ok()
+                .filter(|t| t.format == FORMAT)
+                .map(|t| t.tensors.into_iter().map(|n| n.file).collect::<Vec<_>>())
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(_) => return Err(not_a_store("its manifest.json is not a regular file")),
     };
-    if is_store {
-        return match existing {
-            Existing::Replace => Ok(()),
-            Existing::Refuse => Err(StoreError::StoreExists {
+    let listing = || {
+        std::fs::read_dir(dir).map_err(|source| StoreError::DirIo {
+            dir: dir.to_path_buf(),
+            source,
+        })
+    };
+    let Some(files) = store_files else {
+        if listing()?.next().is_some() {
+            return Err(not_a_store(
+                "a directory with other contents and no burn-mapped manifest",
+            ));
+        }
+        return Ok(Vec::new());
+    };
+    if existing == Existing::Refuse {
+        return Err(StoreError::StoreExists {
+            dir: dir.to_path_buf(),
+        });
+    }
+    // Only plain names can be entries of the directory; anything else (`../x`, `a/b`) names
+    // nothing in it and must never be joined to it.
+    let mut own: Vec<std::ffi::OsString> = files
+        .into_iter()
+        .filter(|f| !f.is_empty() && f != "." && f != ".." && !f.contains(['/', '\0']))
+        .map(Into::into)
+        .collect();
+    own.push(MANIFEST_FILE.into());
+    for entry in listing()? {
+        let entry = entry.map_err(|source| StoreError::DirIo {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let name = entry.file_name();
+        let regular = entry.file_type().is_ok_and(|t| t.is_file());
+        if !regular || !own.contains(&name) {
+            return Err(StoreError::ForeignFile {
                 dir: dir.to_path_buf(),
-            }),
-        };
+                file: name.to_string_lossy().into_owned(),
+            });
+        }
     }
-    let mut entries = std::fs::read_dir(dir).map_err(|source| StoreError::DirIo {
-        dir: dir.to_path_buf(),
-        source,
-    })?;
-    if entries.next().is_some() {
-        return Err(not_a_store("a directory with other contents"));
-    }
-    Ok(())
+    Ok(own)
 }
 
 fn open_dir_nofollow(dir: &Path) -> io::Result<File> {
@@ -431,11 +505,14 @@ fn publish(tmp: &Path, dir: &Path, existing: Existing) -> Result<(), StoreError>
         if !still_at(&handle, dir).map_err(dir_io)? {
             continue;
         }
-        classify(dir, &handle, existing)?;
+        let old_files = classify(dir, &handle, existing)?;
         rename2(tmp, dir, libc::RENAME_EXCHANGE).map_err(dir_io)?;
         // `tmp` now names the old store; its files live on for any process mapping them.
         // Unlink them while still holding the lock (see `generation`).
-        remove_written(tmp);
+        for name in &old_files {
+            let _ = std::fs::remove_file(tmp.join(name));
+        }
+        let _ = std::fs::remove_dir(tmp);
         drop(handle);
         return sync_dir(&parent_of(dir)).map_err(dir_io);
     }
@@ -445,28 +522,30 @@ fn publish(tmp: &Path, dir: &Path, existing: Existing) -> Result<(), StoreError>
     )))
 }
 
-/// Whether the writer could have made `name`: the manifest, or `NNNNN-<name>.tensor`.
-fn written_by_writer(name: &std::ffi::OsStr) -> bool {
-    let Some(name) = name.to_str() else {
-        return false;
-    };
-    if name == MANIFEST_FILE {
+/// The file a writer puts in its temporary directory first: a directory without it was not
+/// made by a writer, and is never cleared.
+pub(crate) const WRITER_MARKER: &str = ".burn-mapped-writer";
+
+/// Whether a writer names a file `name` in its temporary directory: the manifest, the marker,
+/// or `NNNNN-<name>.tensor`.
+pub(crate) fn is_writer_file(name: &[u8]) -> bool {
+    if name == MANIFEST_FILE.as_bytes() || name == WRITER_MARKER.as_bytes() {
         return true;
     }
-    let b = name.as_bytes();
-    b.len() > 12
-        && b[..5].iter().all(u8::is_ascii_digit)
-        && b[5] == b'-'
-        && name.ends_with(".tensor")
+    name.len() > 12
+        && name[..5].iter().all(u8::is_ascii_digit)
+        && name[5] == b'-'
+        && name.ends_with(b".tensor")
 }
 
-/// Unlinks what a writer writes from `dir`, then `dir` itself if that left it empty; leaves
-/// anything else (and so the directory) in place.
+/// Unlinks what a writer writes from its temporary directory `dir`, then `dir` itself if that
+/// left it empty; leaves anything else (and so the directory) in place.
 fn remove_written(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let regular = entry.file_type().is_ok_and(|t| t.is_file());
-            if regular && written_by_writer(&entry.file_name()) {
+            if regular && is_writer_file(entry.file_name().as_bytes()) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -474,25 +553,73 @@ fn remove_written(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Clears the temporary directories (`<prefix><pid>-<n>`) that writers into the same target
-/// left when they were killed: a directory whose lock can be taken has no live writer.
+/// The name every temporary directory of a writer into `<parent>/<leaf>` starts with.
+fn tmp_prefix(leaf: &str) -> String {
+    format!(".{leaf}.tmp-")
+}
+
+/// Whether `rest` (a name after [`tmp_prefix`]) has exactly the form a writer gives it:
+/// `<pid>-<n>-<16 hex digits>`.
+fn is_tmp_suffix(rest: &str) -> bool {
+    let mut parts = rest.split('-');
+    let digits =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    digits(parts.next())
+        && digits(parts.next())
+        && parts
+            .next()
+            .is_some_and(|p| p.len() == 16 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+        && parts.next().is_none()
+}
+
+/// Clears the temporary directories that writers into the same target left when they were
+/// killed. A directory is cleared only when its name has exactly a writer's form, it holds the
+/// writer's marker, it belongs to this user, and its lock can be taken (no live writer holds
+/// it); a user's directory that merely starts with the same prefix is never touched.
 fn clear_abandoned(parent: &Path, prefix: &str) {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if !name.to_str().is_some_and(|n| n.starts_with(prefix)) {
+        let ours = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .is_some_and(is_tmp_suffix);
+        if !ours {
             continue;
         }
         let path = entry.path();
         let Ok(handle) = open_dir_nofollow(&path) else {
             continue;
         };
+        let owned = handle.metadata().is_ok_and(|m| m.uid() == me);
+        let marked = crate::untrusted::open_regular_at(&handle, WRITER_MARKER).is_ok();
         // SAFETY: flock only reads the descriptor, which `handle` keeps open.
-        if unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        if owned
+            && marked
+            && unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
+        {
             remove_written(&path);
         }
+    }
+}
+
+/// 64 random bits from the kernel (the clock's nanoseconds if that fails: the name must only
+/// differ from a user's, and the marker and lock decide what is cleared).
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into `bytes`.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n == bytes.len() as isize {
+        u64::from_ne_bytes(bytes)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
     }
 }
 

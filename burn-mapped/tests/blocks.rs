@@ -142,11 +142,11 @@ fn a_non_finite_block_scale_is_refused_at_conversion() {
 }
 
 fn manifest_with_blocks(dtype: &str, shape: &str, len: usize, blocks: &str) -> String {
-    format!(
-        r#"{{"format":"burn-mapped","version":1,"alignment":16384,"tensors":[
+    burn_mapped_tests::synthetic::sealed_manifest(&format!(
+        r#"{{"format":"burn-mapped","version":2,"alignment":16384,"tensors":[
         {{"name":"w","dtype":"{dtype}","shape":{shape},"file":"00000-w.tensor","len":{len},
           "xxh3":"0000000000000000","blocks":{blocks}}}]}}"#
-    )
+    ))
 }
 
 #[test]

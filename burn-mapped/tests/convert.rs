@@ -72,6 +72,34 @@ fn convert_one(input: &[Raw], cast: Option<CastTo>) -> (tempfile::TempDir, PathB
     (tmp, out)
 }
 
+/// Converting one `source` tensor of `bytes` to `target` is refused as out of range, naming the
+/// tensor and the element, and leaves no store.
+fn assert_refused(source: Dtype, bytes: Vec<u8>, target: CastTo, index: u64) {
+    let tmp = tempdir();
+    let file = tmp.path().join("model.safetensors");
+    let n = bytes.len() * 8 / source.bitsize();
+    write_safetensors(&file, &[("w", source, vec![n], bytes)], None);
+    let out = tmp.path().join("store");
+    let err = from_safetensors(&file, &out, &mut ConvertOptions::default().cast(target))
+        .expect_err("an out-of-range value must be refused");
+    match &err {
+        ConvertError::Unrepresentable {
+            tensor, index: at, ..
+        } => {
+            assert_eq!(tensor, "w");
+            assert_eq!(*at, index, "{err}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+    assert!(!out.exists());
+}
+
+/// Whether `fmt` holds `x` without turning a finite value infinite.
+fn representable(fmt: Format, x: f64) -> bool {
+    !x.is_finite() || fmt.round(x).is_finite()
+}
+
 // ---------------------------------------------------------------------------------------------
 // An IEEE 754 reference written from the definition, in f64, independent of `half`.
 
@@ -708,7 +736,6 @@ fn casting_f32_to_f16_rounds_hand_computed_cases_to_nearest_even() {
         (0.5, 0x3800),
         (65504.0, 0x7BFF),                        // largest finite
         (65519.0, 0x7BFF),                        // below max + ulp/2 = 65520
-        (65520.0, 0x7C00),                        // the tie goes to the even side: infinity
         (1.0 + 1.0 / 2048.0, 0x3C00),             // 1 + ulp/2: tie, 1.0 is even
         (1.0 + 3.0 / 2048.0, 0x3C02),             // tie between 0x3C01 and 0x3C02: even
         (1.0 + 1.0 / 2048.0 + 1.0 / 1e6, 0x3C01), // just above the tie
@@ -734,6 +761,9 @@ fn casting_f32_to_f16_rounds_hand_computed_cases_to_nearest_even() {
             "f16 of {input:e}: got {got:#06x}, want {want:#06x}"
         );
     }
+    // max + ulp/2 = 65520 is a tie whose even side is infinity: not representable.
+    assert_refused(Dtype::F32, f32_le_bytes([1.0f32, 65520.0]), CastTo::F16, 1);
+    assert_refused(Dtype::F32, f32_le_bytes([-1e9f32]), CastTo::F16, 0);
 }
 
 #[test]
@@ -744,7 +774,6 @@ fn casting_f32_to_bf16_rounds_hand_computed_cases_to_nearest_even() {
         (1.0 + 1.0 / 256.0, 0x3F80),             // tie, 1.0 even
         (1.0 + 3.0 / 256.0, 0x3F82),             // tie, 0x3F82 even
         (1.0 + 1.0 / 256.0 + 1.0 / 1e6, 0x3F81), // above the tie
-        (f32::MAX, 0x7F80),                      // past bf16 max + ulp/2: infinity
         (3.389_531_4e38, 0x7F7F),                // bf16's largest finite, exact
         (0.0, 0x0000),
     ];
@@ -760,12 +789,20 @@ fn casting_f32_to_bf16_rounds_hand_computed_cases_to_nearest_even() {
             "bf16 of {input:e}: got {got:#06x}, want {want:#06x}"
         );
     }
+    // Past bf16's max + ulp/2: not representable.
+    assert_refused(Dtype::F32, f32_le_bytes([f32::MAX]), CastTo::BF16, 0);
 }
 
 #[test]
 fn casting_f32_and_f64_to_half_types_matches_the_f64_rounding_reference() {
     for (target, fmt) in [(CastTo::F16, F16), (CastTo::BF16, BF16)] {
-        let values = probe_values(fmt);
+        let (values, overflowing): (Vec<f64>, Vec<f64>) = probe_values(fmt)
+            .into_iter()
+            .partition(|&x| representable(fmt, x) && representable(fmt, f64::from(x as f32)));
+        assert!(!overflowing.is_empty());
+        for x in overflowing {
+            assert_refused(Dtype::F64, f64_bytes(&[x]), target, 0);
+        }
         // f64 values that are exact in f32 go in as f32 too.
         let as_f32: Vec<f32> = values
             .iter()
@@ -821,7 +858,12 @@ fn casting_f64_to_f16_rounds_once_even_just_above_a_tie() {
 
 #[test]
 fn casting_f64_to_f32_matches_the_reference() {
-    let values = probe_values(F32);
+    let (values, overflowing): (Vec<f64>, Vec<f64>) = probe_values(F32)
+        .into_iter()
+        .partition(|&x| representable(F32, x));
+    for x in overflowing {
+        assert_refused(Dtype::F64, f64_bytes(&[1.0, x]), CastTo::F32, 1);
+    }
     let (_t, dir) = convert_one(
         &[("w", Dtype::F64, vec![values.len()], f64_bytes(&values))],
         Some(CastTo::F32),
@@ -855,9 +897,16 @@ fn widening_and_cross_casts_of_every_16_bit_pattern_are_exact_or_correctly_round
         } else {
             CastTo::F16
         };
-        let (_t, dir) = convert_one(&[("w", source, vec![n], all.clone())], Some(target));
+        let (fits, past): (Vec<u16>, Vec<u16>) =
+            (0..=u16::MAX).partition(|&bits| representable(other_fmt, fmt.decode(u32::from(bits))));
+        if let Some(&bits) = past.first() {
+            assert_refused(source, bits.to_le_bytes().to_vec(), target, 0);
+        }
+        let fitting: Vec<u8> = fits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let (_t, dir) = convert_one(&[("w", source, vec![fits.len()], fitting)], Some(target));
         let got = u16s(&stored_bytes(&dir, "w"));
-        for (bits, out) in (0..=u16::MAX).zip(got) {
+        assert_eq!(got.len(), fits.len());
+        for (&bits, out) in fits.iter().zip(got) {
             let exact = fmt.decode(u32::from(bits));
             assert_same_value(
                 other_fmt.decode(u32::from(out)),

@@ -6,9 +6,9 @@ mod common;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
 use burn_mapped::{MappedRecorder, MappedStore, StoreError, StoreWriter, TensorSpec};
+use burn_mapped_tests::synthetic::edit_manifest;
 use burn_mapped_tests::tempdir;
 use common::*;
-use serde_json::Value;
 
 fn two_tensor_store() -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempdir();
@@ -21,13 +21,6 @@ fn two_tensor_store() -> (tempfile::TempDir, std::path::PathBuf) {
         .unwrap();
     w.finish().unwrap();
     (tmp, dir)
-}
-
-fn edit_manifest(dir: &std::path::Path, edit: impl FnOnce(&mut Value)) {
-    let path = dir.join("manifest.json");
-    let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut v);
-    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
 fn open_err(dir: &std::path::Path) -> StoreError {
@@ -94,6 +87,24 @@ fn rejects_a_length_that_does_not_match_shape_and_dtype() {
 }
 
 #[test]
+fn rejects_a_rank_past_the_limit_by_its_rank() {
+    let (_t, dir) = two_tensor_store();
+    // 24 elements as nine dimensions: the length still matches the shape.
+    edit_manifest(&dir, |v| {
+        v["tensors"][0]["shape"] = serde_json::json!([1, 1, 1, 1, 1, 1, 1, 4, 6]);
+    });
+    match open_err(&dir) {
+        StoreError::RankTooHigh { tensor, rank, max } => {
+            assert_eq!(
+                (tensor.as_str(), rank, max),
+                ("a.weight", 9, burn_mapped::MAX_RANK)
+            );
+        }
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
 fn rejects_an_unknown_dtype() {
     let (_t, dir) = two_tensor_store();
     edit_manifest(&dir, |v| v["tensors"][1]["dtype"] = "f8e4m3".into());
@@ -146,10 +157,10 @@ fn rejects_two_tensors_sharing_a_file() {
 #[test]
 fn rejects_an_unsupported_format_version() {
     let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| v["version"] = 2.into());
+    edit_manifest(&dir, |v| v["version"] = 1.into());
     match open_err(&dir) {
         StoreError::UnsupportedVersion { version, path, .. } => {
-            assert_eq!(version, 2);
+            assert_eq!(version, 1);
             assert!(path.ends_with("manifest.json"));
         }
         e => panic!("{e}"),

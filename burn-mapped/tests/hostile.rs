@@ -124,17 +124,187 @@ fn an_empty_directory_is_a_valid_target() {
 fn a_killed_writers_temporary_directory_is_cleared_by_the_next_writer() {
     let tmp = tempfile::tempdir().unwrap();
     let target = tmp.path().join("store");
-    // What a writer killed mid-way leaves: its temporary directory, no lock held.
-    let abandoned = tmp.path().join(".store.tmp-4194303-0");
+    // What a writer killed mid-way leaves: its temporary directory, named and marked as
+    // writers make them, no lock held.
+    let abandoned = tmp.path().join(".store.tmp-4194303-0-0123456789abcdef");
     std::fs::create_dir(&abandoned).unwrap();
+    std::fs::write(abandoned.join(".burn-mapped-writer"), b"").unwrap();
     std::fs::write(abandoned.join("00000-t.tensor"), vec![0u8; 16384]).unwrap();
-    // Another program's directory of a similar name with a file the writer never makes.
-    let foreign = tmp.path().join(".store.tmp-4194303-1");
-    std::fs::create_dir(&foreign).unwrap();
-    std::fs::write(foreign.join("diary.txt"), b"mine").unwrap();
+    // A user's directories whose names start the same way, holding files a writer makes:
+    // a backup copy of a store, and one named exactly like a writer's but never marked.
+    let foreign = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("manifest.json"), b"{}").unwrap();
+        std::fs::write(dir.join("00000-t.tensor"), b"mine").unwrap();
+        dir
+    };
+    let backup = foreign(".store.tmp-backup");
+    let unmarked = foreign(".store.tmp-4194303-1-0123456789abcdef");
+    let other_form = foreign(".store.tmp-4194303-2");
     write_store(&target, 3, 1);
     assert!(!abandoned.exists());
-    assert_eq!(std::fs::read(foreign.join("diary.txt")).unwrap(), b"mine");
+    for dir in [backup, unmarked, other_form] {
+        assert_eq!(
+            std::fs::read(dir.join("00000-t.tensor")).unwrap(),
+            b"mine",
+            "{}",
+            dir.display()
+        );
+        assert!(dir.join("manifest.json").is_file());
+    }
+}
+
+#[test]
+fn replacing_a_store_never_moves_or_removes_a_file_it_does_not_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("store");
+    write_store(&target, 3, 2);
+    std::fs::write(target.join("notes.txt"), b"mine").unwrap();
+    let err = {
+        let mut writer = StoreWriter::create_with(&target, Existing::Replace);
+        match writer.as_mut() {
+            // Refused when the target is looked at, or else when it is replaced.
+            Ok(w) => {
+                w.add(TensorSpec::new("t", DType::U8, [1]), &[1]).unwrap();
+                writer.unwrap().finish().unwrap_err()
+            }
+            Err(_) => writer.unwrap_err(),
+        }
+    };
+    assert!(matches!(err, StoreError::ForeignFile { .. }), "{err}");
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    assert_eq!(std::fs::read(target.join("notes.txt")).unwrap(), b"mine");
+    assert_eq!(Manifest::read(&target).unwrap().tensors().len(), 2);
+    // Nothing hidden was left beside it.
+    let names: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["store"], "{names:?}");
+}
+
+#[test]
+fn a_replaced_store_leaves_no_directory_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("store");
+    write_store(&target, 3, 2);
+    write_store(&target, 4, 1);
+    let names: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["store"], "{names:?}");
+    assert_eq!(Manifest::read(&target).unwrap().metadata()["fill"], "4");
+}
+
+#[test]
+fn a_target_that_names_no_new_directory_is_refused_by_what_it_is() {
+    for target in [".", "..", "/", "store/."] {
+        let err = StoreWriter::create(target).unwrap_err();
+        assert!(
+            matches!(err, StoreError::BadTarget { .. }),
+            "{target}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_manifest_whose_entries_were_rearranged_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let mut writer = StoreWriter::create(&dir).unwrap();
+    for (name, fill) in [("a", 1u8), ("b", 2)] {
+        writer
+            .add(TensorSpec::new(name, DType::U8, [64]), &[fill; 64])
+            .unwrap();
+    }
+    writer.finish().unwrap();
+    // Swap the two names: every file still matches its entry's checksum.
+    let path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let swapped = text
+        .replace("\"name\": \"a\"", "\"name\": \"TMP\"")
+        .replace("\"name\": \"b\"", "\"name\": \"a\"")
+        .replace("\"name\": \"TMP\"", "\"name\": \"b\"");
+    assert_ne!(swapped, text);
+    std::fs::write(&path, swapped).unwrap();
+    let err = MappedStore::open(&dir).unwrap_err();
+    assert!(matches!(err, StoreError::ManifestDigest { .. }), "{err}");
+    let err = burn_mapped::verify_dir(&dir, |_, _| {}).unwrap_err();
+    assert!(matches!(err, StoreError::ManifestDigest { .. }), "{err}");
+}
+
+/// A store of more tensors than the common soft limit of 1024 open files opens and verifies
+/// (the limit is raised towards the hard one); with a hard limit too low, the error says so.
+/// Runs in a child process whose limits the test sets.
+#[test]
+fn a_store_of_more_files_than_the_soft_limit_opens_or_says_why_not() {
+    const CHILD: &str = "BURN_MAPPED_NOFILE_CHILD";
+    if let Ok(dir) = std::env::var(CHILD) {
+        let outcome = match MappedStore::open(&dir) {
+            Ok(store) => format!("opened {}", store.manifest().tensors().len()),
+            Err(e) => format!("refused: {e}"),
+        };
+        let verified = burn_mapped::verify_dir(&dir, |_, _| {}).map(|p| p.len());
+        println!("OUTCOME {outcome} VERIFY {verified:?}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let mut writer = StoreWriter::create(&dir).unwrap();
+    for i in 0..1100 {
+        writer
+            .add(TensorSpec::new(format!("t{i}"), DType::U8, [1]), &[1])
+            .unwrap();
+    }
+    writer.finish().unwrap();
+    let run = |soft: u64, hard: u64| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "--exact",
+                "a_store_of_more_files_than_the_soft_limit_opens_or_says_why_not",
+                "--nocapture",
+            ])
+            .env(CHILD, &dir);
+        // SAFETY: setrlimit is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let out = command.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut hard = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) },
+        0
+    );
+    if hard.rlim_max >= 4096 {
+        let out = run(1024, hard.rlim_max);
+        assert!(out.contains("OUTCOME opened 1100 VERIFY Ok(0)"), "{out}");
+    }
+    let out = run(1024, 1024);
+    assert!(
+        out.contains("refused:") && out.contains("ulimit -n"),
+        "{out}"
+    );
+    assert!(out.contains("VERIFY Err(TooManyFiles"), "{out}");
 }
 
 #[test]
@@ -215,7 +385,7 @@ fn sizes_that_add_up_past_the_address_space_are_a_typed_error() {
         })
         .collect();
     let manifest = format!(
-        r#"{{"format":"burn-mapped","version":1,"alignment":16384,"tensors":[{}]}}"#,
+        r#"{{"format":"burn-mapped","version":2,"alignment":16384,"tensors":[{}]}}"#,
         entries.join(",")
     );
     std::fs::write(dir.join(MANIFEST_FILE), manifest).unwrap();
@@ -323,4 +493,70 @@ fn a_file_truncated_under_its_mapping_ends_the_process_naming_the_file() {
     assert_eq!(out.status.code(), Some(SIGBUS_EXIT_CODE), "{stderr}");
     let file = dir.join(manifest.tensors()[0].file());
     assert!(stderr.contains(&*file.to_string_lossy()), "{stderr}");
+}
+
+/// A GGUF truncated while it is being converted ends the process with [`SIGBUS_EXIT_CODE`], a
+/// line naming the GGUF, and no temporary directory left beside the store. The converting
+/// process is this test binary started again; its progress callback truncates the source
+/// after the first tensor, as another program could.
+#[test]
+fn a_source_truncated_during_conversion_ends_the_process_and_leaves_nothing() {
+    use burn_mapped::gguf::{GgufConvert, MappedGguf, gguf_to_store};
+    use burn_mapped_tests::gguf::{Builder, F32};
+    const CHILD: &str = "BURN_MAPPED_SOURCE_SIGBUS_CHILD";
+    if let Ok(dir) = std::env::var(CHILD) {
+        let dir = PathBuf::from(dir);
+        let source = dir.join("model.gguf");
+        let gguf = MappedGguf::open(&source).unwrap();
+        let mut progress = |_: u64, _: u64, _: &str| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&source)
+                .unwrap()
+                .set_len(4096)
+                .unwrap();
+        };
+        let result = gguf_to_store(
+            &gguf,
+            &dir.join("store"),
+            GgufConvert {
+                rename: &|name: &str| Some(name.to_string()),
+                dtype: DType::F32,
+                q8: None,
+                blocks: None,
+                progress: Some(&mut progress),
+                existing: Existing::Refuse,
+            },
+        );
+        panic!("converted a truncated source without a fault: {result:?}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let values: Vec<u8> = (0..1u32 << 18)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    let bytes = Builder::new()
+        .kv_str("general.architecture", "test")
+        .tensor_data("a", &[1 << 18], F32, &values)
+        .tensor_data("b", &[1 << 18], F32, &values)
+        .build();
+    let source = tmp.path().join("model.gguf");
+    std::fs::write(&source, bytes).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_source_truncated_during_conversion_ends_the_process_and_leaves_nothing",
+            "--nocapture",
+        ])
+        .env(CHILD, tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(SIGBUS_EXIT_CODE), "{stderr}");
+    assert!(stderr.contains("mapped input file"), "{stderr}");
+    assert!(stderr.contains(&*source.to_string_lossy()), "{stderr}");
+    let names: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["model.gguf"], "{names:?}");
 }

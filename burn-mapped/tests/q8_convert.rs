@@ -530,13 +530,13 @@ fn rejects_a_gguf_rename_onto_a_scale_name() {
 // The manifest field.
 
 fn manifest_with_link(link: &str) -> String {
-    format!(
-        r#"{{"format":"burn-mapped","version":1,"alignment":16384,"tensors":[
+    burn_mapped_tests::synthetic::sealed_manifest(&format!(
+        r#"{{"format":"burn-mapped","version":2,"alignment":16384,"tensors":[
         {{"name":"w","dtype":"i8","shape":[2,3],"file":"00000-w.tensor","len":6,
           "xxh3":"0000000000000000","quant":{link}}},
         {{"name":"w_scale","dtype":"f16","shape":[2],"file":"00001-w_scale.tensor","len":4,
           "xxh3":"0000000000000000"}}]}}"#
-    )
+    ))
 }
 
 #[test]

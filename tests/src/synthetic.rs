@@ -44,6 +44,31 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
+/// Edits a store's `manifest.json` as JSON, then seals it again: when the edited entries are
+/// valid, the manifest's digest is set to theirs (taken from the library's own refusal), so a
+/// test can make a store that is consistent but different, as a converter of another version
+/// might. An edit that makes an entry invalid is left for the parser to refuse.
+pub fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join(burn_mapped::MANIFEST_FILE);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, sealed_manifest(&v.to_string())).unwrap();
+}
+
+/// `manifest` (JSON text) with its digest set to its entries' when they are valid (see
+/// [`edit_manifest`]); as it is otherwise.
+pub fn sealed_manifest(manifest: &str) -> String {
+    let path = Path::new("manifest.json");
+    match burn_mapped::Manifest::parse(manifest.as_bytes(), path) {
+        Err(burn_mapped::StoreError::ManifestDigest { computed, .. }) => {
+            let mut v: serde_json::Value = serde_json::from_str(manifest).unwrap();
+            v["digest"] = computed.into();
+            v.to_string()
+        }
+        _ => manifest.to_string(),
+    }
+}
+
 /// One tensor of a safetensors file: name, dtype, shape, little-endian bytes.
 pub type RawTensor<N> = (N, Dtype, Vec<usize>, Vec<u8>);
 

@@ -193,6 +193,19 @@ pub fn manifest_parse(data: &[u8]) {
     // What parses must serialize and parse back to the same manifest.
     let again = manifest::Manifest::parse(m.to_json().as_bytes(), Path::new("x")).unwrap();
     assert_eq!(again, m);
+    // The digest binds names to entries: two names exchanged (every file still matching its
+    // entry) must be refused.
+    if m.tensors().len() >= 2 {
+        let mut v: serde_json::Value = serde_json::from_str(&m.to_json()).unwrap();
+        let first = v["tensors"][0]["name"].take();
+        v["tensors"][0]["name"] = v["tensors"][1]["name"].take();
+        v["tensors"][1]["name"] = first;
+        let swapped = manifest::Manifest::parse(v.to_string().as_bytes(), Path::new("x"));
+        assert!(
+            matches!(swapped, Err(error::StoreError::ManifestDigest { .. })),
+            "exchanged names accepted"
+        );
+    }
 }
 
 /// The safetensors header check the converter runs on every shard (`read_header`: the crate's

@@ -10,12 +10,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{AllocationProperty, Bytes, DType};
-use memmap2::{Advice, Mmap};
+use memmap2::Advice;
 
 use super::{
     ConvertError, ConvertOptions, ConvertSummary, SourceDType, SourceTensor, convert_into,
 };
 use crate::manifest::Manifest;
+use crate::map::MappedFile;
 use parse::{PackTensor, read_pack};
 
 /// An opened burnpack file: header and metadata validated by Burn's reader, tensors listed in
@@ -36,11 +37,11 @@ impl std::fmt::Debug for BurnpackInput {
 }
 
 /// Keeps the mapping alive for as long as any tensor window into it exists.
-struct MapOwner(Mmap);
+struct MapOwner(MappedFile);
 
 impl AsRef<[u8]> for MapOwner {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self.0.bytes()
     }
 }
 
@@ -54,12 +55,9 @@ impl BurnpackInput {
         };
         let file =
             crate::untrusted::open_regular(path, crate::untrusted::Links::Follow).map_err(io)?;
-        // SAFETY: a read-only shared mapping; the hazard of the file changing underneath is
-        // documented on the convert module. Burn's reader bounds-checks every tensor range
-        // against the mapping's length before windowing into it.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        // Best effort: a hint for the kernel's read-ahead; failure changes nothing but speed.
-        let _ = map.advise(Advice::Sequential);
+        // Burn's reader bounds-checks every tensor range against the mapping's length before
+        // windowing into it.
+        let map = MappedFile::whole(file, path, Advice::Sequential).map_err(io)?;
         let shared = bytes::Bytes::from_owner(MapOwner(map));
         let bytes = Bytes::from_shared(shared, AllocationProperty::File);
         let pack = read_pack(bytes).map_err(|source| ConvertError::Burnpack {

@@ -289,6 +289,24 @@ pub enum ConvertError {
         /// The dtype as the input spells it.
         dtype: String,
     },
+    /// A finite value is past the range of the dtype the tensor is cast to: storing it would
+    /// store an infinity instead. Nothing is written.
+    #[error(
+        "{}: tensor `{tensor}`: element {index} ({value:e}) is out of {target}'s range; keep a wider dtype for this checkpoint",
+        file.display()
+    )]
+    Unrepresentable {
+        /// Input file.
+        file: PathBuf,
+        /// Tensor.
+        tensor: String,
+        /// Element index.
+        index: u64,
+        /// The value.
+        value: f64,
+        /// The cast target.
+        target: &'static str,
+    },
     /// A bool tensor holds a byte other than 0 or 1 (reading it as bool would be undefined).
     #[error("{}: tensor `{tensor}` is bool but element {index} is the byte {value:#04x}", file.display())]
     InvalidBool {
@@ -552,12 +570,19 @@ pub fn write_tensors<'a>(
                 });
             }
         };
+        let mut overflow = None;
+        let elem = dtype.size() as u64;
+        let start_bytes = done_bytes;
         let result = writer.add_with(spec, |sink| {
             for chunk in source.data.chunks(CHUNK_BYTES) {
                 match cast {
                     Some(target) => {
                         buffer.clear();
-                        cast::cast_into(dtype, target, chunk, &mut buffer);
+                        if let Err(mut at) = cast::cast_into(dtype, target, chunk, &mut buffer) {
+                            at.index += done_bytes.saturating_sub(start_bytes) / elem;
+                            overflow = Some((at, target));
+                            return Err(std::io::Error::other("value out of range"));
+                        }
                         sink.write_all(&buffer)?;
                     }
                     None => sink.write_all(chunk)?,
@@ -570,6 +595,15 @@ pub fn write_tensors<'a>(
             }
             Ok(())
         });
+        if let Some((at, target)) = overflow {
+            return Err(ConvertError::Unrepresentable {
+                file: source.file.to_path_buf(),
+                tensor: source.name.clone(),
+                index: at.index,
+                value: at.value,
+                target: target.name(),
+            });
+        }
         result.map_err(|e| ConvertError::Write {
             file: source.file.to_path_buf(),
             tensor: source.name.clone(),

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use ::safetensors::Dtype;
 use burn::tensor::{BoolStore, DType};
-use memmap2::{Advice, Mmap};
+use memmap2::Advice;
+
+use crate::map::MappedFile;
 
 use super::{
     ConvertError, ConvertOptions, ConvertSummary, SourceDType, SourceTensor, convert_into,
@@ -28,7 +30,7 @@ const INDEX_SUFFIX: &str = ".safetensors.index.json";
 /// One opened, validated safetensors file.
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: std::sync::Arc<MappedFile>,
     header: Header,
 }
 
@@ -179,23 +181,33 @@ impl SafetensorsInput {
     /// Every tensor, shard by shard in file order. Unsupported dtypes (F8, F4, C64, ...) are
     /// listed as [`SourceDType::Unsupported`].
     pub fn tensors(&self) -> Vec<SourceTensor<'_>> {
+        self.placed().into_iter().map(|(_, _, t)| t).collect()
+    }
+
+    /// [`tensors`](Self::tensors), each with the mapping of its file and its offset there.
+    pub(crate) fn placed(&self) -> Vec<(&std::sync::Arc<MappedFile>, usize, SourceTensor<'_>)> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            let bytes: &[u8] = &shard.map;
+            let bytes: &[u8] = shard.map.bytes();
             let metadata = &shard.header.metadata;
             for name in metadata.offset_keys() {
                 let info = metadata.info(&name).expect("offset_keys lists known names");
                 // In bounds: read_metadata checked that the offsets tile the data section,
                 // which ends exactly at the end of the file.
-                let data = &bytes[shard.header.data_range(info)];
-                out.push(SourceTensor {
-                    file: &shard.path,
-                    name,
-                    dtype: burn_dtype(info.dtype),
-                    shape: info.shape.clone(),
-                    param_id: None,
-                    data,
-                });
+                let range = shard.header.data_range(info);
+                let offset = range.start;
+                out.push((
+                    &shard.map,
+                    offset,
+                    SourceTensor {
+                        file: &shard.path,
+                        name,
+                        dtype: burn_dtype(info.dtype),
+                        shape: info.shape.clone(),
+                        param_id: None,
+                        data: &bytes[range],
+                    },
+                ));
             }
         }
         out
@@ -230,7 +242,7 @@ pub fn from_safetensors(
     convert_into(out.as_ref(), input.tensors(), metadata, options)
 }
 
-fn burn_dtype(dtype: Dtype) -> SourceDType {
+pub(crate) fn burn_dtype(dtype: Dtype) -> SourceDType {
     SourceDType::Known(match dtype {
         Dtype::BOOL => DType::Bool(BoolStore::Native),
         Dtype::U8 => DType::U8,
@@ -255,14 +267,11 @@ fn open_shard(path: &Path) -> Result<Shard, ConvertError> {
         source,
     };
     let file = crate::untrusted::open_regular(path, crate::untrusted::Links::Follow).map_err(io)?;
-    // SAFETY: a read-only shared mapping; the hazard of the file changing underneath is
-    // documented on the convert module. Every access goes through slices bounded by the
-    // validated header, which `read_header` checked against the mapping's length.
-    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    // Best effort: a hint for the kernel's read-ahead; failure changes nothing but speed.
-    let _ = map.advise(Advice::Sequential);
+    // Every access goes through slices bounded by the validated header, which `read_header`
+    // checked against the mapping's length.
+    let map = std::sync::Arc::new(MappedFile::whole(file, path, Advice::Sequential).map_err(io)?);
     let file = path.to_path_buf();
-    let header = read_header(&map).map_err(|error| match error {
+    let header = read_header(map.bytes()).map_err(|error| match error {
         HeaderError::Truncated { expected, actual } => ConvertError::Truncated {
             file,
             expected,

@@ -10,6 +10,7 @@ use std::path::Path;
 use burn::tensor::DType;
 
 use super::format::{f16_at, scale_offsets};
+use super::source::{SourceError, SourceRecord};
 use super::{GgufError, MappedGguf, Value, dequantize};
 use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
@@ -34,6 +35,9 @@ pub enum GgufConvertError {
     /// Writing the store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The source file could not be identified (its path resolved, its metadata read).
+    #[error(transparent)]
+    Source(#[from] SourceError),
     /// The requested output dtype is not a float type the converter writes.
     #[error("cannot convert GGUF tensors to {dtype:?}: choose f32, f16 or bf16")]
     UnsupportedDType {
@@ -70,6 +74,21 @@ pub enum GgufConvertError {
         block: u64,
         /// The scale.
         value: f32,
+    },
+    /// A dequantized value is past the range of the float dtype asked for: storing it would
+    /// store an infinity instead.
+    #[error(
+        "GGUF tensor `{tensor}`: element {index} ({value:e}) is out of {dtype:?}'s range; convert to a wider dtype"
+    )]
+    Unrepresentable {
+        /// GGUF tensor name.
+        tensor: String,
+        /// Element index.
+        index: u64,
+        /// The value.
+        value: f32,
+        /// The dtype asked for.
+        dtype: DType,
     },
     /// Two GGUF tensors were renamed to the same store name.
     #[error("GGUF tensors `{first}` and `{second}` both map to `{name}`")]
@@ -109,13 +128,11 @@ pub struct GgufConvert<'r, 'p> {
     pub existing: Existing,
 }
 
-/// Metadata key holding the source file's path.
-pub const SOURCE_KEY: &str = "source.gguf";
-
 /// Converts `gguf` into a new store at `dir`.
 ///
 /// Scalar and string metadata is copied into the manifest under `gguf.<key>` (arrays such as
-/// the vocabulary are not: they stay in the GGUF, named by [`SOURCE_KEY`]).
+/// the vocabulary are not: they stay in the GGUF, which the store names and identifies with a
+/// [`SourceRecord`]).
 pub fn gguf_to_store(
     gguf: &MappedGguf,
     dir: &Path,
@@ -173,8 +190,11 @@ pub fn gguf_to_store(
     };
     let total: u64 = plan.iter().map(|(info, _, kind)| stored(info, *kind)).sum();
 
+    let source = SourceRecord::of(gguf)?;
     let mut writer = StoreWriter::create_with(dir, options.existing)?;
-    writer.metadata(SOURCE_KEY, gguf.path().display().to_string());
+    for (key, value) in source.to_metadata() {
+        writer.metadata(key, value);
+    }
     if options.q8.is_some() {
         writer.metadata("convert.q8", Q8_ROW_F16);
     }
@@ -219,8 +239,16 @@ pub fn gguf_to_store(
                 [shape[0], shape[1]],
             )?;
         } else {
-            let spec = TensorSpec::new(name.clone(), options.dtype, shape);
             let dtype = options.dtype;
+            if let Some(index) = first_unrepresentable(&values, dtype) {
+                return Err(GgufConvertError::Unrepresentable {
+                    tensor: info.name().to_string(),
+                    index: index as u64,
+                    value: values[index],
+                    dtype,
+                });
+            }
+            let spec = TensorSpec::new(name.clone(), dtype, shape);
             writer.add_with(spec, |sink| write_as(&values, dtype, sink))?;
         }
         done += stored(info, kind);
@@ -296,6 +324,16 @@ fn write_q8(
     }
 }
 
+/// The first finite value that `dtype` would store as an infinity.
+fn first_unrepresentable(values: &[f32], dtype: DType) -> Option<usize> {
+    let overflows = |v: f32| match dtype {
+        DType::F16 => half::f16::from_f32(v).is_infinite(),
+        DType::BF16 => half::bf16::from_f32(v).is_infinite(),
+        _ => false,
+    };
+    values.iter().position(|&v| v.is_finite() && overflows(v))
+}
+
 fn write_as(values: &[f32], dtype: DType, sink: &mut impl Write) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(64 * 1024);
     for chunk in values.chunks(16 * 1024) {
@@ -316,7 +354,8 @@ fn write_as(values: &[f32], dtype: DType, sink: &mut impl Write) -> std::io::Res
     Ok(())
 }
 
-fn scalar_text(value: &Value) -> Option<String> {
+/// A scalar or string metadata value as text (`None` for arrays).
+pub(crate) fn scalar_text(value: &Value) -> Option<String> {
     Some(match value {
         Value::U8(v) => v.to_string(),
         Value::I8(v) => v.to_string(),

@@ -3,22 +3,21 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::{GgufError, GgufFile, TensorInfo};
+use crate::map::MappedFile;
 
 /// A GGUF file mapped read-only, parsed and validated.
 ///
 /// # Hazard
 ///
-/// The mapping shows the file as it is on disk. If another process truncates
-/// or rewrites the file while it is mapped, reads may fault (`SIGBUS`) or see
-/// changed bytes. Only map files that are not modified in place, such as the
-/// cache files `burn-mapped-tools` publishes by atomic rename.
+/// The mapping shows the file as it is on disk. If another process rewrites the file while
+/// it is mapped, reads see changed bytes; if it truncates it, a read past the new end ends the
+/// process with a message naming the file (see `fault`). Only map files that are not modified
+/// in place, such as the cache files `burn-mapped-tools` publishes by atomic rename.
 #[derive(Debug)]
 pub struct MappedGguf {
     path: PathBuf,
-    map: Mmap,
+    map: MappedFile,
     gguf: GgufFile,
 }
 
@@ -59,20 +58,19 @@ impl MappedGguf {
                 GgufFile::parse(&[]).expect_err("an empty buffer is never a valid GGUF file"),
             ));
         }
-        // SAFETY: the map is read-only and owned by this struct, which hands
-        // out borrows tied to its lifetime only. The remaining hazard, the
-        // file changing on disk while mapped, is documented on the type.
-        let map = unsafe { Mmap::map(&file) }.map_err(io("map", &path))?;
-        if map.len() as u64 != len {
+        // Tensor reads are random (a row at a time, a layer at a time), not sequential.
+        let map =
+            MappedFile::whole(file, &path, memmap2::Advice::Normal).map_err(io("map", &path))?;
+        if map.bytes().len() as u64 != len {
             return Err(io("map", &path)(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!(
                     "file changed size while mapping: {len} -> {} bytes",
-                    map.len()
+                    map.bytes().len()
                 ),
             )));
         }
-        let gguf = GgufFile::parse(&map).map_err(in_file)?;
+        let gguf = GgufFile::parse(map.bytes()).map_err(in_file)?;
         Ok(MappedGguf { path, map, gguf })
     }
 
@@ -94,7 +92,7 @@ impl MappedGguf {
 
     /// The whole mapped file.
     pub fn bytes(&self) -> &[u8] {
-        &self.map
+        self.map.bytes()
     }
 
     /// The bytes of `info`, borrowed from the mapping.
@@ -104,7 +102,7 @@ impl MappedGguf {
     /// [`GgufError::BufferMismatch`] when `info` comes from another file and
     /// does not fit in this one.
     pub fn tensor_data(&self, info: &TensorInfo) -> Result<&[u8], GgufError> {
-        self.gguf.tensor_bytes(&self.map, info)
+        self.gguf.tensor_bytes(self.map.bytes(), info)
     }
 }
 

@@ -40,11 +40,14 @@
 mod convert;
 pub(crate) mod format;
 mod mapped;
+mod source;
 
-pub use convert::{GgufConvert, GgufConvertError, SOURCE_KEY, gguf_to_store};
+pub(crate) use convert::scalar_text;
+pub use convert::{GgufConvert, GgufConvertError, gguf_to_store};
 pub use format::{
     Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEY_LEN,
     MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS, TensorInfo, Value,
     ValueType, can_dequantize, dequantize, dequantize_to_vec, scale_offsets,
 };
 pub use mapped::MappedGguf;
+pub use source::{SOURCE_HEX_KEY, SOURCE_KEY, SourceError, SourceRecord, SourceState};
