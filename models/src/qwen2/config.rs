@@ -26,6 +26,22 @@ pub struct Qwen2Config {
     pub tie_word_embeddings: bool,
 }
 
+/// Most decoder layers a configuration may ask for (the largest published models have ~130).
+/// Each bound below is far above every published Qwen2 size, is checked before anything is
+/// sized by the field, and keeps every product of fields (a KV cache's bytes among them) well
+/// inside `u64`.
+pub const MAX_LAYERS: usize = 1024;
+/// Widest hidden size.
+pub const MAX_HIDDEN: usize = 1 << 17;
+/// Widest MLP.
+pub const MAX_INTERMEDIATE: usize = 1 << 20;
+/// Most attention heads.
+pub const MAX_HEADS: usize = 1024;
+/// Largest vocabulary.
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Longest context, in positions.
+pub const MAX_CONTEXT: usize = 1 << 24;
+
 /// Why a configuration could not be read or used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -53,6 +69,19 @@ pub enum ConfigError {
         "config field `{field}` = {value} asks for something this implementation does not support"
     )]
     Unsupported { field: &'static str, value: String },
+    #[error("config field `{field}` = {value} is over this implementation's limit of {max}")]
+    TooLarge {
+        field: &'static str,
+        value: usize,
+        max: usize,
+    },
+    #[error("config field `{field}` = {value}, but the weights hold {found} (tensors of {what})")]
+    Disagrees {
+        field: &'static str,
+        value: usize,
+        found: usize,
+        what: &'static str,
+    },
 }
 
 /// Hugging Face `config.json` as written by transformers 4.x and 5.x (the latter moves
@@ -193,6 +222,29 @@ impl Qwen2Config {
         for (field, value) in positive {
             if value == 0 {
                 return Err(invalid(field, value, "must be positive"));
+            }
+        }
+        let bounded = [
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("hidden_size", self.hidden_size, MAX_HIDDEN),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                MAX_INTERMEDIATE,
+            ),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
+            ("head_dim", self.head_dim, MAX_HIDDEN),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_CONTEXT,
+            ),
+        ];
+        for (field, value, max) in bounded {
+            if value > max {
+                return Err(ConfigError::TooLarge { field, value, max });
             }
         }
         if !self

@@ -94,11 +94,51 @@ pub fn config_from_manifest(manifest: &burn_mapped::Manifest) -> Result<Qwen2Con
             field: "model.embed_tokens.weight",
         })?;
     let meta = manifest.metadata();
-    config_from_gguf(
+    let config = config_from_gguf(
         |key| meta.get(&format!("gguf.{key}")).cloned(),
         vocab,
         manifest.get("lm_head.weight").is_some(),
-    )
+    )?;
+    check_layers(
+        &config,
+        manifest.tensors().iter().map(|t| t.name()),
+        "model.layers.",
+    )?;
+    Ok(config)
+}
+
+/// Checks that the weights, named `names`, hold exactly the configuration's layers (the
+/// metadata's block count is a claim; a file that claims 10^8 layers and holds 24 is refused
+/// before anything is sized by the claim).
+///
+/// # Errors
+/// [`ConfigError::Disagrees`] when the highest layer index among the names is not the count
+/// minus one.
+pub(crate) fn check_layers<'a>(
+    config: &Qwen2Config,
+    names: impl IntoIterator<Item = &'a str>,
+    prefix: &str,
+) -> Result<(), ConfigError> {
+    let found = names
+        .into_iter()
+        .filter_map(|name| {
+            name.strip_prefix(prefix)?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .map_or(0, |i| i + 1);
+    if found != config.num_hidden_layers {
+        return Err(ConfigError::Disagrees {
+            field: "num_hidden_layers",
+            value: config.num_hidden_layers,
+            found,
+            what: "decoder layers",
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,7 +13,10 @@ mod sampling;
 mod vocab;
 
 pub use cache::KvCache;
-pub use config::{ConfigError, Qwen2Config};
+pub use config::{
+    ConfigError, MAX_CONTEXT, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB,
+    Qwen2Config,
+};
 #[cfg(feature = "wgpu")]
 pub use device_step::{DeviceDecoder, DeviceStepError};
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};

@@ -197,12 +197,51 @@ pub enum GenerateError {
     Sampling(#[from] SamplingError),
     #[error("cannot read logits back from the device: {0}")]
     ReadLogits(String),
+    #[error(
+        "a cache for {positions} positions needs {} MiB of keys and values, more than this machine's {} MiB of memory; ask for fewer tokens",
+        bytes >> 20,
+        memory >> 20
+    )]
+    CacheTooLarge {
+        positions: usize,
+        bytes: u64,
+        memory: u64,
+    },
     #[cfg(feature = "wgpu")]
     #[error(transparent)]
     Device(#[from] super::DeviceStepError),
 }
 
 impl Qwen2ForCausalLM {
+    /// Bytes of the f32 keys and values for `positions` positions of one sequence; saturates
+    /// rather than wrapping.
+    pub fn kv_cache_bytes(&self, positions: usize) -> u64 {
+        let per_position: u64 = self
+            .model
+            .layers
+            .iter()
+            .map(|l| 2 * (l.self_attn.num_kv_heads() * l.self_attn.head_dim()) as u64 * 4)
+            .sum();
+        per_position.saturating_mul(positions as u64)
+    }
+
+    /// Refuses a cache of `positions` positions larger than the machine's memory, before
+    /// anything is allocated (an allocation that fails aborts the process).
+    ///
+    /// # Errors
+    /// [`GenerateError::CacheTooLarge`].
+    pub fn check_cache(&self, positions: usize) -> Result<(), GenerateError> {
+        let bytes = self.kv_cache_bytes(positions);
+        match burn_mapped::memstat::physical_memory() {
+            Ok(memory) if bytes > memory => Err(GenerateError::CacheTooLarge {
+                positions,
+                bytes,
+                memory,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Continue `prompt` by up to `max_new_tokens` tokens, calling `on_token` with each new
     /// id as soon as it is chosen. Stops after emitting any id in `stop_tokens` (that id is
     /// included). Returns the new ids.
@@ -217,10 +256,11 @@ impl Qwen2ForCausalLM {
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        let mut generated = Vec::with_capacity(max_new_tokens);
         if max_new_tokens == 0 {
-            return Ok(generated);
+            return Ok(Vec::new());
         }
+        self.check_cache(prompt.len().saturating_add(max_new_tokens - 1))?;
+        let mut generated = Vec::with_capacity(max_new_tokens.min(1 << 16));
         #[cfg(feature = "wgpu")]
         if self.device_step() {
             let capacity = prompt.len() + max_new_tokens - 1;
