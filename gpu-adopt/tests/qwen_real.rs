@@ -10,7 +10,7 @@
 //! (models/tests/fixtures/qwen25_real); store files unchanged. Prints both decode rates.
 //!
 //! Needs the store the root workspace's tests convert (`~/.cache/burn-mapped/stores/
-//! qwen2.5-coder-0.5b-instruct-q4_k_m-q8`, or `BURN_MAPPED_Q8_STORE`); without it the test says
+//! qwen2.5-coder-0.5b-instruct-q4_k_m-<hash>-q8`, or `BURN_MAPPED_Q8_STORE`); without it the test says
 //! so and passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
 mod common;
@@ -42,7 +42,14 @@ fn store_dir() -> Option<PathBuf> {
                 .map(PathBuf::from)
                 .filter(|p| p.is_absolute())
                 .or_else(|| std::env::home_dir().map(|h| h.join(".cache")))?;
-            Some(cache.join("burn-mapped/stores/qwen2.5-coder-0.5b-instruct-q4_k_m-q8"))
+            // The root CLI names the cache's store by the GGUF's stem, a hash of its path and
+            // the dtype.
+            let stores = cache.join("burn-mapped/stores");
+            let found = std::fs::read_dir(&stores).ok()?.flatten().find(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("qwen2.5-coder-0.5b-instruct-q4_k_m-") && name.ends_with("-q8")
+            });
+            Some(found.map_or(stores, |e| e.path()))
         })?;
     if dir.join(burn_mapped::MANIFEST_FILE).is_file() {
         return Some(dir);

@@ -1,9 +1,12 @@
 //! `burn-mapped`: convert checkpoints into mapped stores, inspect and verify them, measure
 //! where weights should live, and run Qwen2.5 from adopted pages.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 use burn_mapped_tools::cli;
+use burn_mapped_tools::text::printable;
 
 #[derive(Parser)]
 #[command(name = "burn-mapped", version, about)]
@@ -30,8 +33,14 @@ enum Command {
     Select(cli::select::SelectArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+fn main() -> ExitCode {
+    let command = Cli::parse().command;
+    // A bad thread count is a usage error, refused before any work (as clap refuses flags).
+    if let Err(e) = burn_mapped::host_threads_from_env() {
+        eprintln!("error: {}", printable(&e.to_string()));
+        return ExitCode::from(2);
+    }
+    let result = match command {
         Command::Fetch(args) => cli::fetch::run(&args),
         Command::Convert(args) => cli::convert::run(&args),
         Command::Inspect(args) => cli::inspect::run(&args),
@@ -39,5 +48,13 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(args) => cli::generate::run(&args),
         Command::Probe(args) => cli::probe::run(&args),
         Command::Select(args) => cli::select::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Errors name files, tensors and metadata: printed through the same filter.
+            eprintln!("Error: {}", printable(&format!("{e:?}")));
+            ExitCode::FAILURE
+        }
     }
 }

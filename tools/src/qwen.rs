@@ -9,7 +9,8 @@ use burn::nn::Linear;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped::gguf::{
-    GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SOURCE_KEY, gguf_to_store,
+    GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SourceError, SourceRecord,
+    SourceState, gguf_to_store,
 };
 use burn_mapped::q8::{is_projection_weight, scale_name};
 use burn_mapped::{
@@ -52,9 +53,37 @@ pub enum QwenError {
     /// `--model` named nothing usable.
     #[error("`{0}` is neither a known model, a .gguf file, nor a store directory")]
     UnknownModel(String),
-    /// A store without a recorded source GGUF (needed for the tokenizer).
-    #[error("store {} does not record its source GGUF (metadata `{SOURCE_KEY}`)", .0.display())]
-    NoSource(PathBuf),
+    /// A store's recorded source GGUF (needed for the tokenizer) is missing, unreadable or
+    /// not recorded.
+    #[error("store {}: {source}", store.display())]
+    Source {
+        /// The store.
+        store: PathBuf,
+        /// What is wrong with its source.
+        source: SourceError,
+    },
+    /// A store's source GGUF has changed since the store was converted from it.
+    #[error(
+        "store {} was converted from {}, whose {what} has changed since; convert it again (or pass the GGUF as --model)",
+        store.display(),
+        gguf.display()
+    )]
+    SourceChanged {
+        /// The store.
+        store: PathBuf,
+        /// The recorded source.
+        gguf: PathBuf,
+        /// What differs.
+        what: &'static str,
+    },
+    /// The cache directory cannot hold stores.
+    #[error("cache directory {}: {reason}", dir.display())]
+    CacheDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// The vocabulary's row blocks do not fit the model.
     #[error("vocabulary row blocks: {0}")]
     VocabBlocks(#[from] VocabBlocksError),
@@ -163,7 +192,12 @@ impl std::str::FromStr for StoreDType {
 }
 
 /// Resolves `spec` to a store, fetching and converting on first use into
-/// `<cache>/stores/<gguf stem>-<dtype>` (a store directory given as `spec` is used as it is).
+/// `<cache>/stores/<gguf stem>-<hash of its path>-<dtype>` (a store directory given as `spec`
+/// is used as it is, once its recorded source GGUF is found unchanged).
+///
+/// A cached store is used only while the GGUF it was converted from is the same file, or one
+/// with the same bytes ([`SourceRecord::check`]): two GGUFs of one name in two folders get two
+/// stores, and a GGUF replaced in place is converted again.
 ///
 /// `progress` is called during conversion with (done bytes, total bytes, tensor).
 pub fn resolve<'a>(
@@ -178,29 +212,104 @@ pub fn resolve<'a>(
         fetch_qwen25_coder_05b(cache, true)?
     } else if path.is_dir() && path.join(MANIFEST_FILE).is_file() {
         let manifest = burn_mapped::Manifest::read(path)?;
-        let source = manifest
-            .metadata()
-            .get(SOURCE_KEY)
-            .ok_or_else(|| QwenError::NoSource(path.to_path_buf()))?;
+        let gguf = checked_source(path, &manifest)?.ok_or_else(|| QwenError::Source {
+            store: path.to_path_buf(),
+            source: SourceError::Unrecorded {
+                key: burn_mapped::gguf::SOURCE_KEY,
+                reason: "missing",
+            },
+        })?;
         return Ok(ModelPaths {
             store: path.to_path_buf(),
-            gguf: PathBuf::from(source),
+            gguf,
         });
     } else if path.extension().is_some_and(|e| e == "gguf") && path.is_file() {
         path.to_path_buf()
     } else {
         return Err(QwenError::UnknownModel(spec.to_string()));
     };
-    let stem = gguf
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let store = cache.join("stores").join(format!("{stem}-{}", dtype.tag()));
-    if !store.join(MANIFEST_FILE).is_file() {
-        // The cache's own store: replacing a damaged or older one is its job.
+    let gguf = std::fs::canonicalize(&gguf).map_err(|source| QwenError::Source {
+        store: gguf.clone(),
+        source: SourceError::Io {
+            path: gguf.clone(),
+            source,
+        },
+    })?;
+    let store = cached_store_dir(cache, &gguf, dtype)?;
+    let current = burn_mapped::Manifest::read(&store)
+        .ok()
+        .is_some_and(|manifest| {
+            matches!(checked_source(&store, &manifest), Ok(Some(recorded)) if recorded == gguf)
+        });
+    if !current {
+        // The cache's own store: replacing a damaged, older or stale one is its job.
         convert(&gguf, &store, dtype, Existing::Replace, progress)?;
     }
     Ok(ModelPaths { store, gguf })
+}
+
+/// The cache's store for `gguf` (an absolute, resolved path) as `dtype`: named by the file's
+/// stem for people and by a hash of its full path so that two files of one name never share
+/// a store.
+fn cached_store_dir(cache: &Path, gguf: &Path, dtype: StoreDType) -> Result<PathBuf, QwenError> {
+    use std::os::unix::ffi::OsStrExt;
+    let stores = cache.join("stores");
+    for dir in [cache, stores.as_path()] {
+        if dir.exists() && !dir.is_dir() {
+            return Err(QwenError::CacheDir {
+                dir: dir.to_path_buf(),
+                reason: "exists and is not a directory".into(),
+            });
+        }
+    }
+    let stem: String = gguf
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(96)
+        .collect();
+    let key = path_key(gguf.as_os_str().as_bytes());
+    Ok(stores.join(format!("{stem}-{key:08x}-{}", dtype.tag())))
+}
+
+/// 32 bits of xxh3-64: enough to tell the few GGUFs of one name a cache sees apart.
+fn path_key(bytes: &[u8]) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64(bytes) >> 32) as u32
+}
+
+/// The GGUF a store converted from GGUF records, once checked to be the file it was converted
+/// from (or one with the same bytes); `None` for a store that records no source.
+fn checked_source(
+    store: &Path,
+    manifest: &burn_mapped::Manifest,
+) -> Result<Option<PathBuf>, QwenError> {
+    let metadata = manifest.metadata();
+    if !metadata.contains_key(burn_mapped::gguf::SOURCE_KEY)
+        && !metadata.contains_key(burn_mapped::gguf::SOURCE_HEX_KEY)
+    {
+        return Ok(None);
+    }
+    let source_err = |source| QwenError::Source {
+        store: store.to_path_buf(),
+        source,
+    };
+    let record = SourceRecord::from_metadata(metadata).map_err(source_err)?;
+    match record.check().map_err(source_err)? {
+        SourceState::Same => Ok(Some(record.path)),
+        SourceState::Changed { what } => Err(QwenError::SourceChanged {
+            store: store.to_path_buf(),
+            gguf: record.path,
+            what,
+        }),
+    }
 }
 
 /// Converts a GGUF into a store at `store`. Qwen2 tensors take this project's module paths

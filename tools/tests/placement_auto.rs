@@ -8,7 +8,9 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use burn_mapped::Placement;
+use burn::tensor::DType;
+use burn_mapped::{Placement, StoreWriter, TensorSpec};
+use burn_mapped_tests::synthetic::edit_manifest;
 use burn_mapped_tools::auto::{AutoOptions, PlacementChoice, ProbeOrigin, decide};
 use burn_mapped_tools::device::DeviceArg;
 use burn_mapped_tools::probe::{CpuProbeConfig, probe_cpu, tensor_files_in};
@@ -96,22 +98,31 @@ fn a_second_decision_reuses_the_cached_probe_until_it_expires() {
 fn changed_store_bytes_or_protocol_change_the_key() {
     let tmp = scratch();
     let store = tmp.path().join("store");
-    let a = write(&store, "00000-w.tensor", 1 << 20, 1);
-    std::fs::write(store.join("manifest.json"), b"{\"version\": 1}").unwrap();
+    let mut writer = StoreWriter::create(&store).unwrap();
+    writer
+        .add(
+            TensorSpec::new("w", DType::U8, [1 << 20]),
+            &vec![1u8; 1 << 20],
+        )
+        .unwrap();
+    writer.finish().unwrap();
     let files = tensor_files_in(&store).unwrap();
-    assert_eq!(files, vec![a.clone()], "the manifest is not part of W");
+    assert_eq!(files.len(), 1, "the manifest is not part of W");
+    let name = files[0].file_name().unwrap().to_str().unwrap().to_string();
     let config = small_config();
     let key = ProbeKey::cpu(&files, &config).unwrap();
 
     // Same files, same manifest: same key.
     assert_eq!(ProbeKey::cpu(&files, &config).unwrap(), key);
     // A manifest edit (its xxh3 entries follow the tensor bytes) changes the store fingerprint.
-    std::fs::write(store.join("manifest.json"), b"{\"version\": 2}").unwrap();
+    edit_manifest(&store, |v| {
+        v["metadata"] = serde_json::json!({"edited": "yes"})
+    });
     let edited = ProbeKey::cpu(&files, &config).unwrap();
     assert_ne!(edited.store, key.store);
     assert_eq!(edited.device, key.device);
     // A longer file changes it too.
-    write(&store, "00000-w.tensor", (1 << 20) + 4096, 1);
+    write(&store, &name, (1 << 20) + 4096, 1);
     assert_ne!(store_fingerprint(&files).unwrap(), edited.store);
     // A different protocol is a different probe.
     let more_passes = CpuProbeConfig {

@@ -132,13 +132,32 @@ fn an_evicted_file_shows_partial_residency_until_the_probe_reads_it() {
 }
 
 #[test]
-fn tensor_files_are_every_regular_file_but_the_manifest() {
+fn tensor_files_are_a_stores_own_files_or_a_directorys_regular_files() {
+    // A directory that is not a store: its regular files.
     let dir = scratch();
-    write_file(dir.path(), "manifest.json", b"{}");
     let b = write_file(dir.path(), "b.bin", b"b");
     let a = write_file(dir.path(), "a.bin", b"a");
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     assert_eq!(tensor_files_in(dir.path()).unwrap(), vec![a, b]);
+    // A store: exactly the files its manifest names, whatever else the directory holds.
+    let store = dir.path().join("store");
+    let mut writer = burn_mapped::StoreWriter::create(&store).unwrap();
+    for name in ["x", "y"] {
+        writer
+            .add(
+                burn_mapped::TensorSpec::new(name, burn::tensor::DType::U8, [3]),
+                &[1, 2, 3],
+            )
+            .unwrap();
+    }
+    let manifest = writer.finish().unwrap();
+    write_file(&store, "stray.bin", b"not part of it");
+    let expected: Vec<PathBuf> = manifest
+        .tensors()
+        .iter()
+        .map(|t| store.join(t.file()))
+        .collect();
+    assert_eq!(tensor_files_in(&store).unwrap(), expected);
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! The store is one `burn-mapped convert` wrote from the GGUF (its config is in the manifest),
-//! for example `~/.cache/burn-mapped/stores/qwen2.5-coder-0.5b-instruct-q4_k_m-q8`. Token ids in
+//! for example `~/.cache/burn-mapped/stores/qwen2.5-coder-0.5b-instruct-q4_k_m-<hash>-q8`. Token ids in
 //! and out (the default prompt is "def fibonacci(n):"); the root workspace's `burn-mapped
 //! generate` has the tokenizer. Prints one JSON line per placement, then a table.
 

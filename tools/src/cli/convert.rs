@@ -125,7 +125,7 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             .progress(move |p: &Progress<'_>| {
                 progress_bar.set_length(p.total_bytes);
                 progress_bar.set_position(p.done_bytes);
-                progress_bar.set_message(p.tensor.to_string());
+                progress_bar.set_message(crate::text::printable(p.tensor).into_owned());
             });
     match args.dtype {
         Some(StoreDType::Q8) => {
@@ -158,14 +158,14 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             let mut progress = move |done: u64, total: u64, tensor: &str| {
                 gguf_bar.set_length(total);
                 gguf_bar.set_position(done);
-                gguf_bar.set_message(tensor.to_string());
+                gguf_bar.set_message(crate::text::printable(tensor).into_owned());
             };
             let manifest =
                 crate::qwen::convert(&args.input, &args.out, dtype, existing, Some(&mut progress))
                     .with_context(|| format!("converting {}", args.input.display()))?;
             bar.finish_and_clear();
             let on_disk = manifest.padded_bytes();
-            println!(
+            say!(
                 "wrote {} tensors to {}: {} logical, {} on disk ({})",
                 manifest.tensors().len(),
                 args.out.display(),
@@ -190,7 +190,7 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         )
     })?;
     let on_disk = manifest.padded_bytes();
-    println!("{}", summary_line(&summary, &args.out, on_disk));
+    say!("{}", summary_line(&summary, &args.out, on_disk));
     print_quant_errors(&manifest);
     Ok(())
 }
@@ -201,6 +201,17 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
 /// # Errors
 /// When the two overlap, or the input cannot be resolved.
 pub fn check_out_apart(input: &Path, out: &Path) -> anyhow::Result<()> {
+    if out.file_name().is_none()
+        || matches!(
+            out.components().next_back(),
+            Some(std::path::Component::CurDir | std::path::Component::ParentDir)
+        )
+    {
+        bail!(
+            "--out {} names no new directory; give the store a directory of its own (for example --out ./store)",
+            out.display()
+        );
+    }
     let input = input
         .canonicalize()
         .with_context(|| format!("resolving {}", input.display()))?;
@@ -236,7 +247,7 @@ pub fn check_out_apart(input: &Path, out: &Path) -> anyhow::Result<()> {
 
 fn print_quant_errors(manifest: &Manifest) {
     if let Some(summary) = quant_error_summary(manifest) {
-        println!("{}", quant_error_line(&summary));
+        say!("{}", quant_error_line(&summary));
     }
 }
 

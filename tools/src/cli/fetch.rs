@@ -29,6 +29,6 @@ pub fn run(args: &FetchArgs) -> anyhow::Result<()> {
         );
     }
     let path = fetch_qwen25_coder_05b(&cache, true)?;
-    println!("{}", path.display());
+    say!("{}", path.display());
     Ok(())
 }

@@ -179,6 +179,34 @@ pub fn check_context(
     Ok(())
 }
 
+/// The cache positions for `--ctx` (default: the prompt plus `--max-tokens`): refused, naming
+/// `--ctx`, when it exceeds the model's `context` or cannot hold the generation (the prompt
+/// and every new token but the last, which is never fed back).
+///
+/// # Errors
+/// When `ctx` is too large or too small.
+pub fn check_ctx(
+    ctx: Option<usize>,
+    prompt: usize,
+    max_tokens: usize,
+    context: usize,
+) -> anyhow::Result<usize> {
+    let needed = prompt + max_tokens.saturating_sub(1);
+    let Some(ctx) = ctx else {
+        return Ok(prompt + max_tokens);
+    };
+    anyhow::ensure!(
+        ctx <= context,
+        "--ctx {ctx} exceeds the model's context of {context} tokens"
+    );
+    anyhow::ensure!(
+        ctx >= needed,
+        "--ctx {ctx} cannot hold the prompt ({prompt} tokens) and --max-tokens {max_tokens} \
+         (it needs {needed} positions: the last token is never stored)"
+    );
+    Ok(ctx)
+}
+
 /// The sampler for `--temperature`: exactly 0 is greedy; anything else must be a finite
 /// positive temperature with a `top_p` in (0, 1].
 ///
@@ -231,12 +259,13 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut progress = |done: u64, total: u64, name: &str| {
         bar.set_length(total);
         bar.set_position(done);
-        bar.set_message(name.to_string());
+        bar.set_message(crate::text::printable(name).into_owned());
     };
     let paths = qwen::resolve(&args.model, dtype, &cache, Some(&mut progress))?;
     bar.finish_and_clear();
 
-    let tokenizer = qwen::load_tokenizer(&paths)?;
+    let tokenizer = qwen::load_tokenizer(&paths)
+        .with_context(|| format!("reading the vocabulary of {}", paths.gguf.display()))?;
     let (placement, decision) = args
         .place
         .resolve(&paths.store, args.json)
@@ -256,14 +285,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let prompt_ids = tokenizer.encode(&prompt)?;
     let context = qwen::config_from_store(&loaded.store)?.max_position_embeddings;
     check_context(prompt_ids.len(), args.max_tokens, context)?;
-    let ctx = args.ctx.unwrap_or(prompt_ids.len() + args.max_tokens);
-    check_context(ctx, 0, context)?;
-    anyhow::ensure!(
-        ctx >= prompt_ids.len() + args.max_tokens.saturating_sub(1),
-        "--ctx {ctx} is smaller than the prompt ({} tokens) plus --max-tokens {}",
-        prompt_ids.len(),
-        args.max_tokens
-    );
+    let ctx = check_ctx(args.ctx, prompt_ids.len(), args.max_tokens, context)?;
+    loaded.model.check_cache(ctx)?;
     let mut sampler = sampler_for(args.temperature, args.top_p, args.seed)?;
     let mut stream = tokenizer.stream_decoder();
     let mut first_token = None;
@@ -283,7 +306,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         if !args.json {
             match stream.push(id) {
                 Ok(Some(piece)) => {
-                    let _ = stdout.write_all(piece.as_bytes());
+                    let _ = stdout.write_all(crate::text::printable(&piece).as_bytes());
                     let _ = stdout.flush();
                 }
                 Ok(None) => {}
@@ -357,8 +380,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         let rest = stream.finish();
-        println!("{rest}");
-        eprintln!(
+        say!("{rest}");
+        tell!(
             "[{} on {} | {} | model-ready {:.0} ms | first token {:.0} ms | decode {:.2} tok/s over {} tokens | RssAnon {} MiB | RssFile {} MiB]",
             summary.placement,
             summary.device,
@@ -408,7 +431,7 @@ impl DeviceRun<'_> {
         // A timing that fails costs the figure, not the tokens already generated.
         fn timing<T>(what: &str, timed: Result<Option<T>, impl std::fmt::Display>) -> Option<T> {
             timed.unwrap_or_else(|e| {
-                eprintln!("--device-time ({what}): {e}");
+                tell!("--device-time ({what}): {e}");
                 None
             })
         }

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use burn_mapped::{ALIGNMENT, FORMAT, FORMAT_VERSION, Manifest};
+
+use crate::text::printable;
 use indicatif::HumanBytes;
 use serde::Serialize;
 
@@ -285,24 +287,6 @@ pub fn render_table(report: &InspectReport) -> String {
     out
 }
 
-/// `text` with control characters (terminal escapes among them) written as escapes, so a
-/// store's metadata cannot drive the terminal it is shown on.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
-        return text.into();
-    }
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect::<String>()
-        .into()
-}
-
 /// Runs `inspect`: prints the table, or the report as JSON with `--json`.
 ///
 /// # Errors
@@ -312,7 +296,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render_table(&report));
+        say_text!("{}", render_table(&report));
     }
     Ok(())
 }

