@@ -126,8 +126,13 @@ impl MappedFile {
             // the file changing underneath is the documented hazard of this type, turned into
             // a clear exit by the registration below.
             let map = unsafe { MmapOptions::new().len(len).map(&file) }?;
-            // Best effort: a hint for read-ahead; failure changes nothing but speed.
+            // Best effort: hints for read-ahead and, as for store files, for mapping the
+            // file's large page-cache folios huge; failure changes nothing but speed.
             let _ = map.advise(advice);
+            #[cfg(target_os = "linux")]
+            if len as u64 >= crate::layout::huge_page_size() {
+                let _ = map.advise(memmap2::Advice::HugePage);
+            }
             Some(map)
         };
         let range = map.as_deref().map_or(0..0, |m: &[u8]| {

@@ -107,6 +107,40 @@ impl BlockWeight {
     pub fn byte_len(&self) -> usize {
         self.out_features() * self.layout.row_bytes()
     }
+
+    /// Rows `ids` dequantized to f32, one after another, appended to `out` (`ids.len() * in`
+    /// values): a token embedding kept as blocks decodes only the rows it looks up, and no f32
+    /// copy of the table ever exists.
+    ///
+    /// # Errors
+    ///
+    /// [`BlockError::Shape`] for an id past the last row.
+    pub fn dequantize_rows(&self, ids: &[usize], out: &mut Vec<f32>) -> Result<(), BlockError> {
+        let rows = self.out_features();
+        if let Some(&id) = ids.iter().find(|&&id| id >= rows) {
+            return Err(BlockError::Shape {
+                what: "embedding row",
+                found: vec![id],
+                expected: format!("a row below {rows}"),
+            });
+        }
+        let bytes = contiguous(
+            self.bytes
+                .clone()
+                .try_into_primitive::<Flex>()
+                .expect("checked at construction: on Flex"),
+        );
+        let bytes = bytes.as_slice::<u8>().expect("u8");
+        let (row_bytes, cols) = (self.layout.row_bytes(), self.layout.cols());
+        let start = out.len();
+        out.resize(start + ids.len() * cols, 0.0);
+        for (&id, dst) in ids.iter().zip(out[start..].chunks_exact_mut(cols)) {
+            let row = &bytes[id * row_bytes..(id + 1) * row_bytes];
+            crate::gguf::dequantize(self.layout.ty(), row, dst)
+                .expect("a layout's rows are whole blocks of a type it decodes");
+        }
+        Ok(())
+    }
 }
 
 /// Activations `[T, in]` quantized once (8 bits per value, a scale per 32) for any number of
