@@ -361,7 +361,7 @@ fn run_qwen(
     Ok((
         QwenReport {
             model,
-            store: q.setup.paths.store.display().to_string(),
+            store: q.setup.paths.weights_path().display().to_string(),
             weight_bytes: q.setup.weight_bytes,
             file_bytes: file_bytes(&q.setup.files)?,
             prompt_ids: q.prompt,

@@ -95,21 +95,25 @@ pub struct QwenSetup {
 /// Fetches and converts the checkpoint on first use (as `burn-mapped generate` does), then
 /// writes the same weights as burnpack and safetensors into `bench_dir` once.
 pub fn prepare(cache_dir: &Path, bench_dir: &Path, model: QwenModel) -> Result<QwenSetup> {
-    let paths = tq::resolve(tq::QWEN25_CODER_05B, model.store_dtype(), cache_dir, None)
-        .with_context(|| {
-            format!(
-                "fetching or converting Qwen2.5-Coder-0.5B ({})",
-                model.tag()
-            )
-        })?;
+    let paths = tq::resolve(
+        tq::QWEN25_CODER_05B,
+        Some(model.store_dtype()),
+        cache_dir,
+        None,
+    )
+    .with_context(|| {
+        format!(
+            "fetching or converting Qwen2.5-Coder-0.5B ({})",
+            model.tag()
+        )
+    })?;
     let dir = bench_dir.join(format!("qwen2.5-coder-0.5b-{}", model.tag()));
     std::fs::create_dir_all(&dir)?;
-    let manifest = burn_mapped::Manifest::read(&paths.store)?;
+    let store_dir = paths.weights_path().to_path_buf();
+    let manifest = burn_mapped::Manifest::read(&store_dir)?;
     let weight_bytes = manifest.tensors().iter().map(|t| t.len()).sum();
     let q8_paths = q8_projections(&manifest);
-    let store = burn_mapped::MappedStore::open(&paths.store)?;
-    let config = tq::config_from_store(&store)?;
-    drop(store);
+    let config = burn_mapped_models::qwen2::config_from_manifest(&manifest)?;
     let config_path = dir.join("config.json");
     std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
     let layout_path = if q8_paths.is_empty() {
@@ -120,7 +124,7 @@ pub fn prepare(cache_dir: &Path, bench_dir: &Path, model: QwenModel) -> Result<Q
         Some(path)
     };
     let files = ArmFiles {
-        store: paths.store.clone(),
+        store: store_dir.clone(),
         burnpack: dir.join("model.bpk"),
         safetensors: dir.join("model.safetensors"),
     };
@@ -131,7 +135,7 @@ pub fn prepare(cache_dir: &Path, bench_dir: &Path, model: QwenModel) -> Result<Q
         );
         let device = Device::flex();
         let model = init(&config, layout_path.as_deref(), &device)?
-            .try_load_record(MappedRecorder::default().load(&paths.store)?)?;
+            .try_load_record(MappedRecorder::default().load(&store_dir)?)?;
         arms::write_formats(&model, &files)?;
     }
     Ok(QwenSetup {

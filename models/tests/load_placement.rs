@@ -1,4 +1,4 @@
-//! The Qwen loader's placements on the tiny transformers fixtures (models/tests/fixtures): every
+//! The loader's placements on the tiny transformers fixtures (models/tests/fixtures): every
 //! placement reproduces transformers' own logits and greedy tokens; resident weights live outside
 //! the store's mappings; per-use copy copies every projection's bytes on every forward.
 
@@ -8,10 +8,10 @@ use burn::tensor::Device;
 use burn_mapped::Placement;
 use burn_mapped::convert::{ConvertOptions, from_safetensors};
 use burn_mapped_models::qwen2::Qwen2Config;
+use burn_mapped_models::qwen2::load::{LoadError, Loaded, Weights, load_with};
 use burn_mapped_tests::flex::float_param_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, overlaps_a_mapping, store_mappings};
 use burn_mapped_tests::tiny_qwen2::{Reference, decode_like_transformers, fixture, reference};
-use burn_mapped_tools::qwen::{PlacedQwen, load_placed_with};
 
 /// The fixture converted into a store under `tmp`.
 fn store(variant: &str, tmp: &Path) -> PathBuf {
@@ -25,22 +25,27 @@ fn store(variant: &str, tmp: &Path) -> PathBuf {
     out
 }
 
-fn load(variant: &str, dir: &Path, placement: Placement) -> PlacedQwen {
+fn load(variant: &str, dir: &Path, placement: Placement) -> Loaded {
     let config_path = fixture(variant).join("config.json");
-    load_placed_with(
-        dir,
+    load_with(
+        Weights::Store(dir),
         &Device::flex(),
         burn_mapped::MappedStore::options(),
         placement,
-        |_| Ok(Qwen2Config::from_hf_json(&config_path)?),
+        |store| {
+            Qwen2Config::from_hf_json(&config_path).map_err(|source| LoadError::Config {
+                path: store.dir().to_path_buf(),
+                source,
+            })
+        },
     )
     .unwrap()
 }
 
 /// The placed model against transformers (see [`decode_like_transformers`]).
-fn matches_transformers(placed: &PlacedQwen, r: &Reference, after_forward: impl FnMut(u64)) {
+fn matches_transformers(placed: &Loaded, r: &Reference, after_forward: impl FnMut(u64)) {
     let what = placed.placement.to_string();
-    decode_like_transformers(&placed.loaded.model, r, &what, after_forward);
+    decode_like_transformers(&placed.model, r, &what, after_forward);
 }
 
 #[test]
@@ -64,7 +69,7 @@ fn map_adopts_and_resident_owns_every_weight() {
 
     let mapped = load("untied", &dir, Placement::Map);
     let maps = store_mappings(&dir);
-    for (path, range) in float_param_storage(&mapped.loaded.model) {
+    for (path, range) in float_param_storage(&mapped.model) {
         assert!(
             inside_a_mapping(&range, &maps),
             "map: {path} is not a mapped page"
@@ -74,7 +79,7 @@ fn map_adopts_and_resident_owns_every_weight() {
 
     let resident = load("untied", &dir, Placement::Resident);
     let maps = store_mappings(&dir);
-    let storage = float_param_storage(&resident.loaded.model);
+    let storage = float_param_storage(&resident.model);
     assert!(!storage.is_empty());
     for (path, range) in storage {
         assert!(
@@ -110,7 +115,7 @@ fn per_use_copy_copies_every_projection_on_every_forward() {
         assert!(per_forward > 0);
         // The weights at rest are still the mapping.
         let maps = store_mappings(&dir);
-        for (path, range) in float_param_storage(&placed.loaded.model) {
+        for (path, range) in float_param_storage(&placed.model) {
             assert!(
                 inside_a_mapping(&range, &maps),
                 "{variant}: {path} at rest is not mapped"

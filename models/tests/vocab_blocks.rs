@@ -7,7 +7,9 @@ mod common;
 
 use burn::module::Param;
 use burn::tensor::Tensor;
-use burn_mapped_models::qwen2::{Projection, Qwen2ForCausalLM, VocabBlocks, VocabBlocksError};
+use burn_mapped_models::qwen2::{
+    Projection, Qwen2ForCausalLM, VocabBlocks, VocabBlocksError, VocabEmbed,
+};
 use burn_mapped_tests::tiny_qwen2::{decode_like_transformers, reference};
 use common::load;
 
@@ -31,7 +33,7 @@ fn blocked(variant: &str, split: &[usize]) -> Qwen2ForCausalLM {
     let mut model = load(variant);
     let embed = model.model.embed_tokens.weight.val();
     let blocks = VocabBlocks {
-        embed: row_blocks(embed.clone(), split),
+        embed: VocabEmbed::RowBlocks(row_blocks(embed.clone(), split)),
         head: model.lm_head.as_ref().map(|head| {
             let Projection::Float(linear) = head else {
                 panic!("float fixture")
@@ -81,7 +83,7 @@ fn blocks_that_do_not_fit_are_refused() {
     let err = refuse(
         load("tied"),
         VocabBlocks {
-            embed: row_blocks(embed.clone(), &[100, 100]),
+            embed: VocabEmbed::RowBlocks(row_blocks(embed.clone(), &[100, 100])),
             head: None,
         },
     );
@@ -96,10 +98,10 @@ fn blocks_that_do_not_fit_are_refused() {
     let err = refuse(
         load("tied"),
         VocabBlocks {
-            embed: vec![
+            embed: VocabEmbed::RowBlocks(vec![
                 embed.clone().narrow(1, 0, 32),
                 embed.clone().narrow(1, 0, 32),
-            ],
+            ]),
             head: None,
         },
     );
@@ -117,7 +119,7 @@ fn blocks_that_do_not_fit_are_refused() {
     let err = refuse(
         load("tied"),
         VocabBlocks {
-            embed: Vec::new(),
+            embed: VocabEmbed::RowBlocks(Vec::new()),
             head: None,
         },
     );
@@ -127,7 +129,7 @@ fn blocks_that_do_not_fit_are_refused() {
     let err = refuse(
         load("tied"),
         VocabBlocks {
-            embed: vec![embed.clone()],
+            embed: VocabEmbed::RowBlocks(vec![embed.clone()]),
             head: Some(head.clone()),
         },
     );
@@ -135,7 +137,7 @@ fn blocks_that_do_not_fit_are_refused() {
     let err = refuse(
         load("untied"),
         VocabBlocks {
-            embed: vec![embed.clone()],
+            embed: VocabEmbed::RowBlocks(vec![embed.clone()]),
             head: None,
         },
     );
@@ -144,7 +146,7 @@ fn blocks_that_do_not_fit_are_refused() {
     let err = refuse(
         load("untied"),
         VocabBlocks {
-            embed: vec![embed.clone()],
+            embed: VocabEmbed::RowBlocks(vec![embed.clone()]),
             head: Some(vec![Projection::from_weight(embed.narrow(0, 0, 255))]),
         },
     );

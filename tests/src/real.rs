@@ -170,3 +170,18 @@ pub fn u32s(v: &Value) -> Vec<u32> {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
+
+/// The model at `paths` loaded on `device` as the CLI loads it, its weights adopted (`map`) in
+/// strict mode, so a test that would write a mapped page fails instead.
+pub fn load(
+    paths: &burn_mapped_tools::qwen::ModelPaths,
+    device: &burn::tensor::Device,
+) -> burn_mapped_models::qwen2::load::Loaded {
+    burn_mapped_models::qwen2::load::load(
+        paths.weights(),
+        device,
+        burn_mapped::MappedStore::options().strict(true),
+        burn_mapped::Placement::Map,
+    )
+    .unwrap_or_else(|e| panic!("loading {}: {e}", paths.weights_path().display()))
+}

@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_tests::real::{COMPARED_TOKENS, real_first_logits_prompt0, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
-use burn_mapped_tools::qwen;
+use burn_mapped_tools::qwen::{self, StoreDType};
 
 #[test]
 fn greedy_tokens_and_first_logits_match_the_float64_reference() {
@@ -18,14 +18,20 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
     };
     let reference = real_reference();
     let cache = default_cache_dir();
-    let paths = qwen::resolve(gguf.to_str().unwrap(), DType::F32, &cache, None).unwrap();
-    let before = burn_mapped::MappedStore::open(&paths.store)
+    let paths = qwen::resolve(
+        gguf.to_str().unwrap(),
+        Some(StoreDType::Float(DType::F32)),
+        &cache,
+        None,
+    )
+    .unwrap();
+    let before = burn_mapped::MappedStore::open(paths.weights_path())
         .unwrap()
         .verify();
     assert!(before.is_empty(), "{before:?}");
     let tokenizer = qwen::load_tokenizer(&paths).unwrap();
     let device = Device::flex();
-    let loaded = qwen::load(&paths, &device, true).unwrap();
+    let loaded = burn_mapped_tests::real::load(&paths, &device);
 
     let mut table = Vec::new();
     let mut logits0 = Vec::new();

@@ -42,8 +42,14 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
     };
     let reference = real_reference();
     let cache = default_cache_dir();
-    let paths = qwen::resolve(gguf.to_str().unwrap(), StoreDType::Blocks, &cache, None).unwrap();
-    let name = paths.store.file_name().unwrap().to_string_lossy();
+    let paths = qwen::resolve(
+        gguf.to_str().unwrap(),
+        Some(StoreDType::Blocks),
+        &cache,
+        None,
+    )
+    .unwrap();
+    let name = paths.weights_path().file_name().unwrap().to_string_lossy();
     assert!(
         name.starts_with("qwen2.5-coder-0.5b-instruct-q4_k_m-") && name.ends_with("-blocks"),
         "{name}"
@@ -57,7 +63,7 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
         .iter()
         .filter_map(|info| Some((hf_name(info.name())?, info)))
         .collect();
-    let store = burn_mapped::MappedStore::open(&paths.store).unwrap();
+    let store = burn_mapped::MappedStore::open(paths.weights_path()).unwrap();
     let manifest = store.manifest();
     let mut kinds = std::collections::BTreeMap::new();
     for entry in manifest.tensors() {
@@ -79,10 +85,10 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
 
     let device = Device::flex();
     let tokenizer = qwen::load_tokenizer(&paths).unwrap();
-    let loaded = qwen::load(&paths, &device, true).unwrap();
+    let loaded = burn_mapped_tests::real::load(&paths, &device);
 
     // Zero copy: each block weight's storage is inside the store's file mappings.
-    let maps = store_mappings(&paths.store);
+    let maps = store_mappings(paths.weights_path());
     let head = loaded.model.lm_head.as_ref().unwrap();
     let mut weights = vec![head];
     for layer in &loaded.model.model.layers {

@@ -16,10 +16,11 @@
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_mapped_models::qwen2::load::Loaded;
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_tests::real::{real_first_logits_prompt0, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
-use burn_mapped_tools::qwen::{self, LoadedQwen, StoreDType};
+use burn_mapped_tools::qwen::{self, StoreDType};
 
 /// Greedy tokens decoded per prompt.
 const NEW_TOKENS: usize = 64;
@@ -33,7 +34,7 @@ const NEW_TOKENS: usize = 64;
 /// gives errors of order 1.
 const LOGIT_BOUND: f64 = 5e-2;
 
-fn first_logits(model: &LoadedQwen, prompt: &[u32], device: &Device) -> Vec<f32> {
+fn first_logits(model: &Loaded, prompt: &[u32], device: &Device) -> Vec<f32> {
     let mut cache = model.model.new_cache(1, prompt.len() + 1);
     let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt.len()]), device);
@@ -50,17 +51,21 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
     let cache = default_cache_dir();
     let gguf = gguf.to_str().unwrap();
     let start = Instant::now();
-    let q8_paths = qwen::resolve(gguf, StoreDType::Q8, &cache, None).unwrap();
-    let f32_paths = qwen::resolve(gguf, DType::F32, &cache, None).unwrap();
+    let q8_paths = qwen::resolve(gguf, Some(StoreDType::Q8), &cache, None).unwrap();
+    let f32_paths = qwen::resolve(gguf, Some(StoreDType::Float(DType::F32)), &cache, None).unwrap();
     eprintln!("stores ready in {:.1} s", start.elapsed().as_secs_f64());
-    let name = q8_paths.store.file_name().unwrap().to_string_lossy();
+    let name = q8_paths
+        .weights_path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy();
     assert!(
         name.starts_with("qwen2.5-coder-0.5b-instruct-q4_k_m-") && name.ends_with("-q8"),
         "{name}"
     );
 
     // What the q8 store holds: 7 projections x 24 layers + the head, each with an error.
-    let manifest = burn_mapped::Manifest::read(&q8_paths.store).unwrap();
+    let manifest = burn_mapped::Manifest::read(q8_paths.weights_path()).unwrap();
     let links: Vec<f64> = manifest
         .tensors()
         .iter()
@@ -79,8 +84,8 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
 
     let device = Device::flex();
     let tokenizer = qwen::load_tokenizer(&q8_paths).unwrap();
-    let q8 = qwen::load(&q8_paths, &device, true).unwrap();
-    let f32 = qwen::load(&f32_paths, &device, true).unwrap();
+    let q8 = burn_mapped_tests::real::load(&q8_paths, &device);
+    let f32 = burn_mapped_tests::real::load(&f32_paths, &device);
     assert!(q8.model.lm_head.as_ref().unwrap().is_q8());
     assert!(
         q8.model

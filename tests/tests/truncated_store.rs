@@ -23,11 +23,11 @@ fn generate_ends_naming_the_file_when_a_mapped_tensor_file_is_truncated() {
     };
     assert!(cli().is_file(), "{} not built", cli().display());
     let cache = default_cache_dir();
-    let paths = qwen::resolve(gguf.to_str().unwrap(), StoreDType::Q8, &cache, None).unwrap();
+    let paths = qwen::resolve(gguf.to_str().unwrap(), Some(StoreDType::Q8), &cache, None).unwrap();
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let store = tmp.path().join("store");
     std::fs::create_dir(&store).unwrap();
-    for entry in std::fs::read_dir(&paths.store).unwrap() {
+    for entry in std::fs::read_dir(paths.weights_path()).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), store.join(entry.file_name())).unwrap();
     }

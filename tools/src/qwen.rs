@@ -1,27 +1,19 @@
-//! Qwen2.5 from a mapped store: where the store comes from (a known name, a GGUF file, or a
-//! store directory), converting once, and loading with every weight adopted.
+//! Where a Qwen2.5 model's weights come from: a known name (fetched on first use), a GGUF file
+//! (read in place, or converted once into a cached store when a store format is asked for),
+//! or a store directory. Loading is `burn_mapped_models::qwen2::load`'s.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use burn::module::{Param, ParamId};
-use burn::nn::Linear;
-use burn::store::ModuleSnapshot;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::DType;
 use burn_mapped::gguf::{
-    GgufConvert, GgufConvertError, GgufError, GgufFile, MappedGguf, SourceError, SourceRecord,
-    SourceState, gguf_to_store,
+    GgufConvert, GgufConvertError, GgufError, MappedGguf, SourceError, SourceRecord, SourceState,
+    gguf_to_store,
 };
-use burn_mapped::q8::{is_projection_weight, scale_name};
-use burn_mapped::{
-    Existing, MANIFEST_FILE, MappedStore, OpenOptions, Placement, Stager, StoreError, is_flex,
-    max_binding,
-};
+use burn_mapped::q8::is_projection_weight;
+use burn_mapped::{Existing, MANIFEST_FILE, OpenOptions, StoreError};
 
-use burn_mapped_models::qwen2::{
-    ConfigError, Projection, Qwen2Config, Qwen2ForCausalLM, VocabBlocks, VocabBlocksError,
-    config_from_manifest, hf_name,
-};
+use burn_mapped_models::qwen2::hf_name;
+use burn_mapped_models::qwen2::load::Weights;
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError};
 
 use crate::fetch::{FetchError, fetch_qwen25_coder_05b};
@@ -44,9 +36,6 @@ pub enum QwenError {
     /// The store could not be opened or applied.
     #[error(transparent)]
     Store(Box<StoreError>),
-    /// The configuration is missing or invalid.
-    #[error("model configuration: {0}")]
-    Config(#[from] ConfigError),
     /// The tokenizer could not be built.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
@@ -84,9 +73,6 @@ pub enum QwenError {
         /// Why it cannot be used.
         reason: String,
     },
-    /// The vocabulary's row blocks do not fit the model.
-    #[error("vocabulary row blocks: {0}")]
-    VocabBlocks(#[from] VocabBlocksError),
 }
 
 impl From<GgufError> for QwenError {
@@ -113,10 +99,36 @@ pub type ConvertProgress<'a> = dyn FnMut(u64, u64, &str) + 'a;
 /// Where a model's files are.
 #[derive(Debug, Clone)]
 pub struct ModelPaths {
-    /// The mapped store.
-    pub store: PathBuf,
-    /// The GGUF the store was converted from (vocabulary, chat template).
+    /// The weights: a store, or the GGUF itself, read in place.
+    pub weights: WeightsPath,
+    /// The GGUF the weights come from (vocabulary, chat template).
     pub gguf: PathBuf,
+}
+
+/// The weights of [`ModelPaths`], owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightsPath {
+    /// A store directory.
+    Store(PathBuf),
+    /// A GGUF file read in place.
+    Gguf(PathBuf),
+}
+
+impl ModelPaths {
+    /// The weights as the loader takes them.
+    pub fn weights(&self) -> Weights<'_> {
+        match &self.weights {
+            WeightsPath::Store(dir) => Weights::Store(dir),
+            WeightsPath::Gguf(file) => Weights::Gguf(file),
+        }
+    }
+
+    /// The store directory or GGUF file that holds the weights.
+    pub fn weights_path(&self) -> &Path {
+        match &self.weights {
+            WeightsPath::Store(path) | WeightsPath::Gguf(path) => path,
+        }
+    }
 }
 
 /// What a converted store holds.
@@ -191,9 +203,11 @@ impl std::str::FromStr for StoreDType {
     }
 }
 
-/// Resolves `spec` to a store, fetching and converting on first use into
-/// `<cache>/stores/<gguf stem>-<hash of its path>-<dtype>` (a store directory given as `spec`
-/// is used as it is, once its recorded source GGUF is found unchanged).
+/// Resolves `spec` (a known model name, a `.gguf` file, or a store directory) to the weights
+/// to load. A GGUF (the known name's after fetching it) is read in place when `dtype` is
+/// `None`; with a store format it is converted on first use into
+/// `<cache>/stores/<gguf stem>-<hash of its path>-<dtype>`. A store directory is used as it
+/// is, once its recorded source GGUF is found unchanged.
 ///
 /// A cached store is used only while the GGUF it was converted from is the same file, or one
 /// with the same bytes ([`SourceRecord::check`]): two GGUFs of one name in two folders get two
@@ -202,11 +216,10 @@ impl std::str::FromStr for StoreDType {
 /// `progress` is called during conversion with (done bytes, total bytes, tensor).
 pub fn resolve<'a>(
     spec: &str,
-    dtype: impl Into<StoreDType>,
+    dtype: Option<StoreDType>,
     cache: &Path,
     progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<ModelPaths, QwenError> {
-    let dtype = dtype.into();
     let path = Path::new(spec);
     let gguf = if spec == QWEN25_CODER_05B {
         fetch_qwen25_coder_05b(cache, true)?
@@ -220,7 +233,7 @@ pub fn resolve<'a>(
             },
         })?;
         return Ok(ModelPaths {
-            store: path.to_path_buf(),
+            weights: WeightsPath::Store(path.to_path_buf()),
             gguf,
         });
     } else if path.extension().is_some_and(|e| e == "gguf") && path.is_file() {
@@ -235,6 +248,12 @@ pub fn resolve<'a>(
             source,
         },
     })?;
+    let Some(dtype) = dtype else {
+        return Ok(ModelPaths {
+            weights: WeightsPath::Gguf(gguf.clone()),
+            gguf,
+        });
+    };
     let store = cached_store_dir(cache, &gguf, dtype)?;
     let current = burn_mapped::Manifest::read(&store)
         .ok()
@@ -245,7 +264,10 @@ pub fn resolve<'a>(
         // The cache's own store: replacing a damaged, older or stale one is its job.
         convert(&gguf, &store, dtype, Existing::Replace, progress)?;
     }
-    Ok(ModelPaths { store, gguf })
+    Ok(ModelPaths {
+        weights: WeightsPath::Store(store),
+        gguf,
+    })
 }
 
 /// The cache's store for `gguf` (an absolute, resolved path) as `dtype`: named by the file's
@@ -349,364 +371,20 @@ pub fn convert<'a>(
     )?)
 }
 
-/// The model configuration recorded in a store converted from GGUF.
-pub fn config_from_store(store: &MappedStore) -> Result<Qwen2Config, QwenError> {
-    if store.manifest().get("model.embed_tokens.weight").is_none() {
-        return Err(StoreError::TensorNotFound {
-            tensor: "model.embed_tokens.weight".into(),
-            dir: store.dir().to_path_buf(),
-        }
-        .into());
-    }
-    Ok(config_from_manifest(store.manifest())?)
-}
-
-/// Builds the tokenizer from a GGUF's embedded vocabulary. Takes the file so that the token
-/// and merge strings move into the tokenizer rather than being copied.
-pub fn tokenizer_from_gguf(mut gguf: GgufFile) -> Result<Qwen2Tokenizer, QwenError> {
-    let tokens = gguf.take_str_array("tokenizer.ggml.tokens")?;
-    let merges = gguf.take_str_array("tokenizer.ggml.merges")?;
-    let types = gguf.get_i32_array("tokenizer.ggml.token_type")?.to_vec();
-    let eos = gguf.get_u32("tokenizer.ggml.eos_token_id")?;
-    let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").ok();
-    let add_bos = gguf
-        .get_bool("tokenizer.ggml.add_bos_token")
-        .unwrap_or(false);
-    Ok(Qwen2Tokenizer::from_vocab(
-        tokens, merges, types, eos, bos, add_bos,
-    )?)
-}
-
-/// A loaded model with its tokenizer and how long loading took.
-pub struct LoadedQwen {
-    /// The model, its weights adopted from the store.
-    pub model: Qwen2ForCausalLM,
-    /// The open store (keeps the mappings alive and can verify them).
-    pub store: MappedStore,
-    /// Time from opening the store to a model ready to run.
-    pub model_ready: Duration,
-}
-
-/// Opens the store and loads the model with every weight adopted (no copy on Flex); each
-/// projection is float or q8 as the store holds it. `strict` forces strict mode; without it
-/// the mode is `BURN_MAPPED_STRICT`'s.
-pub fn load(paths: &ModelPaths, device: &Device, strict: bool) -> Result<LoadedQwen, QwenError> {
-    let start = Instant::now();
-    let mut store = open_options(strict).open(&paths.store)?;
-    let config = config_from_store(&store)?;
-    let model = config.try_init_for_store(device, store.manifest())?;
-    let model = load_weights(model, &mut store, device)?;
-    Ok(LoadedQwen {
-        model,
-        store,
-        model_ready: start.elapsed(),
-    })
-}
-
-/// Opens the GGUF recorded for a store and builds its tokenizer.
-///
-/// Parsing the GGUF allocates a string per token and merge, all freed once the tokenizer is
-/// built; those pages are then handed back to the system (`malloc_trim` on glibc) rather than
-/// staying in the process's anonymous memory for the rest of the run.
+/// The tokenizer of the GGUF `paths` names (for a GGUF loaded in place, pass the header the
+/// loader kept instead: `Qwen2Tokenizer::from_gguf`).
 pub fn load_tokenizer(paths: &ModelPaths) -> Result<Qwen2Tokenizer, QwenError> {
-    let tokenizer = tokenizer_from_gguf(MappedGguf::open(&paths.gguf)?.into_gguf())?;
-    release_free_heap();
-    Ok(tokenizer)
-}
-
-/// Returns the heap's free pages to the system. glibc keeps freed small blocks resident
-/// unless they border the top of the heap; `malloc_trim` releases every whole free page.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release_free_heap() {
-    // SAFETY: malloc_trim takes no pointers and only releases memory malloc holds as free.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// Returns the heap's free pages to the system: nothing to do where the allocator is not
-/// glibc's, which is the one known to keep them.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_heap() {}
-
-/// A model loaded with a given placement.
-pub struct PlacedQwen {
-    /// The model and its store.
-    pub loaded: LoadedQwen,
-    /// How the weights were placed.
-    pub placement: Placement,
-    /// For `PerUseCopy`: the stager every projection copies through (its counters say how many
-    /// bytes were copied).
-    pub stager: Option<Stager>,
-}
-
-/// A placement the device cannot serve.
-#[derive(Debug, thiserror::Error)]
-pub enum PlacementUnsupported {
-    /// Only Flex adopts host pages.
-    #[error(
-        "the `map` placement needs a backend that adopts host memory (cpu); Burn's backend for \
-         {0} copies every weight into its own buffers at load, which is `resident`"
-    )]
-    MapNeedsFlex(String),
-    /// Per-use copy keeps the at-rest weights in the mapping, which only Flex can hold as
-    /// parameters in this loader.
-    #[error(
-        "the `per-use-copy` placement is implemented for cpu only: on {0} the at-rest weights \
-         would have to stay in host memory beside device-resident norms and embeddings"
-    )]
-    PerUseCopyNeedsFlex(String),
-}
-
-/// Opens the store and loads the model with `placement`:
-///
-/// - `Map`: every weight adopts its mapped pages (Flex only);
-/// - `Resident`: every weight is copied once into owned storage (on a GPU: the normal upload),
-///   and the mapping used for the copy is released;
-/// - `PerUseCopy`: the weights stay adopted at rest and every projection, the tied output head
-///   included, copies its weights into fresh storage before each forward. The embedding lookup
-///   reads one row per token in place.
-///
-/// # Errors
-/// As [`load`], and placements the device cannot serve ([`PlacementUnsupported`]).
-pub fn load_placed(
-    paths: &ModelPaths,
-    device: &Device,
-    options: OpenOptions,
-    placement: Placement,
-) -> Result<PlacedQwen, LoadPlacedError> {
-    load_placed_with(&paths.store, device, options, placement, config_from_store)
+    Ok(Qwen2Tokenizer::from_gguf(
+        MappedGguf::open(&paths.gguf)?.into_gguf(),
+    )?)
 }
 
 /// Store options with strict mode forced on by `strict`, else as `BURN_MAPPED_STRICT` says.
 pub fn open_options(strict: bool) -> OpenOptions {
-    let options = MappedStore::options();
+    let options = burn_mapped::MappedStore::options();
     if strict {
         options.strict(true)
     } else {
         options
     }
 }
-
-/// [`load_placed`] for any store directory, with the configuration from `config` (for stores
-/// not converted from GGUF).
-///
-/// # Errors
-/// As [`load_placed`], and whatever `config` returns.
-pub fn load_placed_with(
-    store_dir: &Path,
-    device: &Device,
-    options: OpenOptions,
-    placement: Placement,
-    config: impl FnOnce(&MappedStore) -> Result<Qwen2Config, QwenError>,
-) -> Result<PlacedQwen, LoadPlacedError> {
-    let flex = is_flex(device);
-    match placement {
-        Placement::Map if !flex => {
-            return Err(PlacementUnsupported::MapNeedsFlex(format!("{device:?}")).into());
-        }
-        Placement::PerUseCopy if !flex => {
-            return Err(PlacementUnsupported::PerUseCopyNeedsFlex(format!("{device:?}")).into());
-        }
-        _ => {}
-    }
-    let start = Instant::now();
-    // Off Flex, `from_data` uploads straight from the mapping: that is the resident copy.
-    let store_placement = if flex { placement } else { Placement::Map };
-    let mut store = options.placement(store_placement).open(store_dir)?;
-    let config = config(&store)?;
-    let model = config.try_init_for_store(device, store.manifest())?;
-    let mut model = load_weights(model, &mut store, device)?;
-    let stager = (placement == Placement::PerUseCopy).then(|| Stager::new(device.clone()));
-    if let Some(stager) = &stager {
-        stage_every_projection(&mut model, &store, stager)?;
-    }
-    if placement == Placement::Resident {
-        // The weights are owned copies now; reopening maps the files without touching a page,
-        // so the copy's source pages leave this process's resident set.
-        store = options.verify(false).open(store_dir)?;
-    }
-    Ok(PlacedQwen {
-        loaded: LoadedQwen {
-            model,
-            store,
-            model_ready: start.elapsed(),
-        },
-        placement,
-        stager,
-    })
-}
-
-/// `model`'s weights from `store`: all of them as module parameters, or, where a vocabulary
-/// matrix exceeds the largest buffer `device` binds, the others as parameters and the
-/// vocabulary matrices as row blocks ([`Qwen2ForCausalLM::with_vocab_blocks`]).
-fn load_weights(
-    mut model: Qwen2ForCausalLM,
-    store: &mut MappedStore,
-    device: &Device,
-) -> Result<Qwen2ForCausalLM, QwenError> {
-    let Some(rows) = vocab_block_rows(store, device, &model) else {
-        model.load_from(store)?;
-        return Ok(model);
-    };
-    let names = vocab_tensors(&model);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    store.load_except(&mut model, &names)?;
-    let blocks = vocab_blocks(store, device, &model, rows)?;
-    Ok(model.with_vocab_blocks(blocks)?)
-}
-
-/// The store tensors of the vocabulary matrices: the embedding, and a separate LM head with
-/// its q8 scales where it has them.
-fn vocab_tensors(model: &Qwen2ForCausalLM) -> Vec<String> {
-    let mut names = vec![EMBED_TOKENS.to_string()];
-    if let Some(head) = &model.lm_head {
-        names.push(LM_HEAD.to_string());
-        if head.is_q8() {
-            names.push(scale_name(LM_HEAD));
-        }
-    }
-    names
-}
-
-/// Rows per block when a vocabulary matrix of the store exceeds the largest buffer `device`
-/// binds ([`burn_mapped::max_binding`]; Mesa's lavapipe: 128 MiB, against the 0.5B model's
-/// 545 MB f32 embedding): as many rows as the widest of them fits in one binding. `None`
-/// when every one binds whole, or the device sets no limit.
-fn vocab_block_rows(
-    store: &MappedStore,
-    device: &Device,
-    model: &Qwen2ForCausalLM,
-) -> Option<usize> {
-    let limit = max_binding(device)?;
-    let entries: Vec<_> = vocab_tensors(model)
-        .iter()
-        .filter_map(|name| store.manifest().get(name))
-        .collect();
-    if entries.iter().all(|e| e.len() <= limit) {
-        return None;
-    }
-    let widest = entries
-        .iter()
-        .map(|e| e.len() / e.shape().first().copied().unwrap_or(1).max(1) as u64)
-        .max()?;
-    Some((limit / widest.max(1)).max(1) as usize)
-}
-
-/// The vocabulary matrices of `store` as blocks of `rows` rows on `device`, each its own
-/// tensor (and, for a separate head, its own projection).
-fn vocab_blocks(
-    store: &MappedStore,
-    device: &Device,
-    model: &Qwen2ForCausalLM,
-    rows: usize,
-) -> Result<VocabBlocks, QwenError> {
-    let vocab = model.vocab_size();
-    let ranges: Vec<_> = (0..vocab)
-        .step_by(rows)
-        .map(|start| start..(start + rows).min(vocab))
-        .collect();
-    // Each block keeps the stored dtype (int8 values and f16 scales for a q8 head).
-    let blocks_of = |name: &str| -> Result<Vec<TensorData>, QwenError> {
-        ranges
-            .iter()
-            .map(|r| Ok(store.tensor_rows(name, r.clone())?))
-            .collect()
-    };
-    let float = |data: TensorData| {
-        let dtype = data.dtype();
-        Tensor::<2>::from_data(data, (device, dtype))
-    };
-    let embed = blocks_of(EMBED_TOKENS)?.into_iter().map(float).collect();
-    let head = match &model.lm_head {
-        None => None,
-        Some(head) if head.is_q8() => {
-            let values = blocks_of(LM_HEAD)?;
-            let scales = blocks_of(&scale_name(LM_HEAD))?;
-            let projections = values
-                .into_iter()
-                .zip(scales)
-                .map(|(values, scales)| {
-                    let (vt, st) = (values.dtype(), scales.dtype());
-                    Projection::from_q8(
-                        Tensor::<2, Int>::from_data(values, (device, vt)),
-                        Tensor::<1>::from_data(scales, (device, st)),
-                    )
-                })
-                .collect();
-            Some(projections)
-        }
-        Some(_) => Some(
-            blocks_of(LM_HEAD)?
-                .into_iter()
-                .map(|data| Projection::from_weight(float(data)))
-                .collect(),
-        ),
-    };
-    Ok(VocabBlocks { embed, head })
-}
-
-/// Errors of [`load_placed`].
-#[derive(Debug, thiserror::Error)]
-pub enum LoadPlacedError {
-    #[error(transparent)]
-    Load(#[from] QwenError),
-    #[error(transparent)]
-    Unsupported(#[from] PlacementUnsupported),
-}
-
-impl From<StoreError> for LoadPlacedError {
-    fn from(e: StoreError) -> Self {
-        Self::Load(e.into())
-    }
-}
-
-impl From<ConfigError> for LoadPlacedError {
-    fn from(e: ConfigError) -> Self {
-        Self::Load(e.into())
-    }
-}
-
-/// Wraps every projection in [`Projection::PerUseCopy`]; a tied output head (no `lm_head` in
-/// the store) gets its own per-use projection over the embedding's mapped pages.
-fn stage_every_projection(
-    model: &mut Qwen2ForCausalLM,
-    store: &MappedStore,
-    stager: &Stager,
-) -> Result<(), StoreError> {
-    let stage = |p: &mut Projection| *p = p.clone().per_use_copy(stager.clone());
-    for layer in &mut model.model.layers {
-        let attn = &mut layer.self_attn;
-        let mlp = &mut layer.mlp;
-        for p in [
-            &mut attn.q_proj,
-            &mut attn.k_proj,
-            &mut attn.v_proj,
-            &mut attn.o_proj,
-            &mut mlp.gate_proj,
-            &mut mlp.up_proj,
-            &mut mlp.down_proj,
-        ] {
-            stage(p);
-        }
-    }
-    match &mut model.lm_head {
-        Some(head) => stage(head),
-        None => {
-            // `[vocab, hidden]` adopted from the mapping; `Linear` wants `[in, out]`, a view.
-            let table = Tensor::<2>::from_data(
-                store.tensor_data(EMBED_TOKENS)?,
-                &model.model.embed_tokens.weight.lazy_device(),
-            );
-            let head = Linear {
-                weight: Param::initialized(ParamId::new(), table.transpose()),
-                bias: None,
-            };
-            model.lm_head = Some(Projection::Float(head).per_use_copy(stager.clone()));
-        }
-    }
-    Ok(())
-}
-
-const EMBED_TOKENS: &str = "model.embed_tokens.weight";
-const LM_HEAD: &str = "lm_head.weight";

@@ -18,7 +18,7 @@
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use burn_mapped::blocks::block_linear_into;
+use burn_mapped::blocks::{BlockWeight, block_linear_into};
 
 use super::model::{Qwen2Model, RmsNorm};
 use super::projection::{Projection, block_operands};
@@ -64,10 +64,18 @@ impl HostKv {
     }
 }
 
+/// Where the step looks token rows up.
+enum HostEmbed {
+    /// The `f32` table.
+    F32(FlexTensor),
+    /// The checkpoint's quantized blocks, each looked-up row dequantized.
+    Quantized(BlockWeight),
+}
+
 /// The `f32` host views of the parameters the step reads outside the projections.
 pub(crate) struct HostParams {
     device: Device,
-    embed: FlexTensor,
+    embed: HostEmbed,
     hidden: usize,
     /// Per layer: input and post-attention norm weights.
     norms: Vec<[FlexTensor; 2]>,
@@ -76,15 +84,14 @@ pub(crate) struct HostParams {
 
 impl HostParams {
     /// The views, or `None` when the model cannot take the host path (a parameter off Flex, not
-    /// `f32`, or not contiguous; vocabulary blocks).
+    /// `f32`, or not contiguous; vocabulary row blocks).
     pub(crate) fn new(model: &Qwen2Model) -> Option<Self> {
-        if model.vocab_blocks().is_some() {
-            return None;
-        }
-        let weight = model.embed_tokens.weight.val();
-        let device = weight.device();
-        let [_, hidden] = weight.dims();
-        let embed = host_f32(weight)?;
+        let device = model.embed_tokens.weight.lazy_device();
+        let [_, hidden] = model.embed_tokens.weight.lazy_shape().dims::<2>();
+        let embed = match model.vocab_blocks() {
+            Some(blocks) => HostEmbed::Quantized(blocks.quantized_embed()?.clone()),
+            None => HostEmbed::F32(host_f32(model.embed_tokens.weight.val())?),
+        };
         let norm_of = |n: &RmsNorm| host_f32(n.weight.val());
         let norms = model
             .layers
@@ -138,10 +145,19 @@ pub(crate) fn forward(
     let eps = model.norm.eps() as f32;
 
     buf.x.clear();
-    let embed = slice(&params.embed);
-    for &id in ids {
-        let row = id as usize * hidden;
-        buf.x.extend_from_slice(&embed[row..row + hidden]);
+    match &params.embed {
+        HostEmbed::F32(table) => {
+            let embed = slice(table);
+            for &id in ids {
+                let row = id as usize * hidden;
+                buf.x.extend_from_slice(&embed[row..row + hidden]);
+            }
+        }
+        HostEmbed::Quantized(w) => {
+            let ids: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+            w.dequantize_rows(&ids, &mut buf.x)
+                .expect("ids are checked against the vocabulary before the step");
+        }
     }
     fit(&mut buf.h, t * hidden);
     fit(&mut buf.q, t * heads * d);

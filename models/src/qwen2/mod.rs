@@ -6,6 +6,7 @@ mod config;
 mod device_step;
 mod gguf_names;
 mod host_step;
+pub mod load;
 mod model;
 mod projection;
 mod rope;
@@ -25,4 +26,4 @@ pub use model::{
 };
 pub use projection::{BlockLinear, Projection, Q8Linear};
 pub use sampling::{GenerateError, Sampler, Sampling, SamplingError, argmax};
-pub use vocab::{VocabBlocks, VocabBlocksError};
+pub use vocab::{VocabBlocks, VocabBlocksError, VocabEmbed};

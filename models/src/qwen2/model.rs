@@ -332,7 +332,12 @@ impl Qwen2ForCausalLM {
     }
 
     fn head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        if let Some(blocks) = &self.model.blocks {
+        if let Some(blocks) = self
+            .model
+            .blocks
+            .as_ref()
+            .filter(|b| b.head.is_some() || self.lm_head.is_none())
+        {
             let [batch, seq, hidden_size] = hidden.dims();
             let logits = blocks.logits(hidden.reshape([batch * seq, hidden_size]));
             let vocab = logits.dims()[1];

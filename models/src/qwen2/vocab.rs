@@ -1,29 +1,49 @@
-//! The vocabulary-sized matrices (embedding, LM head) held as consecutive row blocks.
+//! The vocabulary-sized matrices (embedding, LM head) held outside the module's float
+//! embedding: as consecutive row blocks, or as the checkpoint's own quantized blocks.
 //!
 //! A GPU kernel binds each tensor it reads as one storage buffer, and drivers cap a binding's
 //! size: Mesa's lavapipe at 128 MiB, while Qwen2.5-0.5B's f32 embedding is 545 MB and even its
 //! int8 LM head is 136 MB. Split by vocabulary rows, each block binds on its own; the lookup
 //! gathers from the block holding each id and the head concatenates the blocks' logits, so the
 //! model computes the same values as with whole matrices.
+//!
+//! A GGUF read in place keeps its embedding as quantized blocks (Q5_0, Q8_0, ...): each
+//! looked-up row is dequantized when it is used, and a tied head is a block product over the
+//! same bytes, so no f32 copy of the table exists.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_mapped::blocks::{BlockWeight, block_linear};
 
 use super::projection::Projection;
 
-/// Row blocks of the model's vocabulary matrices, in vocabulary order.
+/// The embedding's rows, as [`VocabBlocks`] holds them.
+#[derive(Clone)]
+pub enum VocabEmbed {
+    /// Float row blocks: block `i` is `[rows_i, hidden]`.
+    RowBlocks(Vec<Tensor<2>>),
+    /// The whole table as quantized GGUF blocks, `[vocab, row_bytes]` on Flex (boxed: a
+    /// tensor handle is large beside a vector of them).
+    Quantized(Box<BlockWeight>),
+}
+
+/// The model's vocabulary matrices, in vocabulary order.
 #[derive(Clone)]
 pub struct VocabBlocks {
-    /// Rows of `model.embed_tokens.weight`: block `i` is `[rows_i, hidden]`.
-    pub embed: Vec<Tensor<2>>,
+    /// Rows of `model.embed_tokens.weight`.
+    pub embed: VocabEmbed,
     /// The LM head as projections onto consecutive vocabulary slices; `None` when the head is
-    /// tied to the embedding (its logits then come from the embedding blocks).
+    /// tied to the embedding (its logits then come from the embedding), or, beside a
+    /// [`VocabEmbed::Quantized`] embedding, when the model's own `lm_head` serves.
     pub head: Option<Vec<Projection>>,
 }
 
 /// Shapes only: a tensor's own `Debug` reads its values back from the device.
 impl std::fmt::Debug for VocabBlocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let embed: Vec<[usize; 2]> = self.embed.iter().map(Tensor::dims).collect();
+        let embed: Vec<[usize; 2]> = match &self.embed {
+            VocabEmbed::RowBlocks(blocks) => blocks.iter().map(Tensor::dims).collect(),
+            VocabEmbed::Quantized(w) => vec![[w.out_features(), w.in_features()]],
+        };
         let head: Option<Vec<(usize, usize)>> = self
             .head
             .as_ref()
@@ -71,17 +91,25 @@ impl VocabBlocks {
         tied: bool,
     ) -> Result<(), VocabBlocksError> {
         let kind = |tied: bool| if tied { "tied" } else { "separate" };
-        if tied != self.head.is_none() {
+        // A quantized embedding leaves a separate head to the model's own projection.
+        let head_elsewhere = !tied && matches!(self.embed, VocabEmbed::Quantized(_));
+        if tied != self.head.is_none() && !head_elsewhere {
             return Err(VocabBlocksError::Tying {
                 model: kind(tied),
                 given: kind(self.head.is_none()),
             });
         }
-        let embed = self.embed.iter().map(|b| {
-            let [rows, width] = b.dims();
-            (rows, width)
-        });
-        check_blocks("embedding", embed, vocab, hidden)?;
+        let embed: Vec<(usize, usize)> = match &self.embed {
+            VocabEmbed::RowBlocks(blocks) => blocks
+                .iter()
+                .map(|b| {
+                    let [rows, width] = b.dims();
+                    (rows, width)
+                })
+                .collect(),
+            VocabEmbed::Quantized(w) => vec![(w.out_features(), w.in_features())],
+        };
+        check_blocks("embedding", embed.into_iter(), vocab, hidden)?;
         if let Some(head) = &self.head {
             check_blocks(
                 "head",
@@ -100,6 +128,19 @@ impl VocabBlocks {
     /// one gather per block that holds any of them, then one reordering gather when more
     /// than one block was involved.
     pub(crate) fn lookup(&self, ids: &[i64], device: &Device) -> Tensor<2> {
+        let blocks = match &self.embed {
+            VocabEmbed::RowBlocks(blocks) => blocks,
+            VocabEmbed::Quantized(w) => {
+                let ids: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+                let mut rows = Vec::with_capacity(ids.len() * w.in_features());
+                w.dequantize_rows(&ids, &mut rows)
+                    .expect("ids are checked against the vocabulary before the lookup");
+                return Tensor::from_data(
+                    TensorData::new(rows, [ids.len(), w.in_features()]),
+                    device,
+                );
+            }
+        };
         let index = |v: Vec<i64>| {
             let n = v.len();
             Tensor::<1, Int>::from_data(TensorData::new(v, [n]), device)
@@ -108,7 +149,7 @@ impl VocabBlocks {
         // `order[k]` is the input position of the k-th gathered row.
         let mut order = Vec::with_capacity(ids.len());
         let mut start = 0i64;
-        for block in &self.embed {
+        for block in blocks {
             let end = start + block.dims()[0] as i64;
             let local: Vec<i64> = ids
                 .iter()
@@ -137,16 +178,28 @@ impl VocabBlocks {
 
     /// Logits `[rows, vocab]` of `hidden` (`[rows, hidden]`): each block's slice, concatenated.
     pub(crate) fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
-        let slices = match &self.head {
-            Some(head) => head.iter().map(|p| p.forward(hidden.clone())).collect(),
+        let slices = match (&self.head, &self.embed) {
+            (Some(head), _) => head.iter().map(|p| p.forward(hidden.clone())).collect(),
             // `[rows, hidden]` transposed is a view; no copy of the block.
-            None => self
-                .embed
+            (None, VocabEmbed::RowBlocks(blocks)) => blocks
                 .iter()
                 .map(|b| burn::tensor::module::linear(hidden.clone(), b.clone().transpose(), None))
                 .collect(),
+            (None, VocabEmbed::Quantized(w)) => {
+                return block_linear(hidden, w, None)
+                    .unwrap_or_else(|e| panic!("tied head over the embedding's blocks: {e}"));
+            }
         };
         Tensor::cat(slices, 1)
+    }
+
+    /// The embedding's quantized blocks, when it is held so (the host step looks rows up in
+    /// them itself).
+    pub(crate) fn quantized_embed(&self) -> Option<&BlockWeight> {
+        match &self.embed {
+            VocabEmbed::Quantized(w) => Some(w),
+            VocabEmbed::RowBlocks(_) => None,
+        }
     }
 }
 

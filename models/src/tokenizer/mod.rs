@@ -108,6 +108,8 @@ pub enum TokenizerError {
         #[source]
         source: tokenizers::Error,
     },
+    #[error("the GGUF's tokenizer metadata: {0}")]
+    Gguf(#[source] Box<burn_mapped::gguf::GgufError>),
 }
 
 /// The `tokenizers` pipeline around [`ByteLevelBpe`]: no normalizer, post-processor or
@@ -155,6 +157,39 @@ impl Qwen2Tokenizer {
     /// length, tokens are unique, normal tokens are byte-level spelled, every byte has a
     /// token (so no input can fall outside the vocabulary), every merge names known tokens,
     /// and the special ids are in range.
+    /// The tokenizer a GGUF file embeds (`tokenizer.ggml.*`). Takes the parsed header so the
+    /// token and merge strings move into the tokenizer rather than being copied; they are all
+    /// freed once it is built, and those pages handed back to the system (`malloc_trim` on
+    /// glibc) rather than staying in the process's anonymous memory for the rest of the run.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Gguf`] for missing or mistyped metadata, and what
+    /// [`from_vocab`](Self::from_vocab) refuses.
+    pub fn from_gguf(mut gguf: burn_mapped::gguf::GgufFile) -> Result<Self, TokenizerError> {
+        let gguf_err = |e| TokenizerError::Gguf(Box::new(e));
+        let tokens = gguf
+            .take_str_array("tokenizer.ggml.tokens")
+            .map_err(gguf_err)?;
+        let merges = gguf
+            .take_str_array("tokenizer.ggml.merges")
+            .map_err(gguf_err)?;
+        let types = gguf
+            .get_i32_array("tokenizer.ggml.token_type")
+            .map_err(gguf_err)?
+            .to_vec();
+        let eos = gguf
+            .get_u32("tokenizer.ggml.eos_token_id")
+            .map_err(gguf_err)?;
+        let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").ok();
+        let add_bos = gguf
+            .get_bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(false);
+        drop(gguf);
+        let tokenizer = Self::from_vocab(tokens, merges, types, eos, bos, add_bos);
+        release_free_heap();
+        tokenizer
+    }
+
     pub fn from_vocab(
         tokens: Vec<String>,
         merges: Vec<String>,
@@ -355,3 +390,18 @@ impl Qwen2Tokenizer {
         self.offsets.len() - 1
     }
 }
+
+/// Returns the heap's free pages to the system. glibc keeps freed small blocks resident
+/// unless they border the top of the heap; `malloc_trim` releases every whole free page.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_free_heap() {
+    // SAFETY: malloc_trim takes no pointers and only releases memory malloc holds as free.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Returns the heap's free pages to the system: nothing to do where the allocator is not
+/// glibc's, which is the one known to keep them.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_heap() {}

@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn_mapped::memstat::rss_self;
+use burn_mapped_models::qwen2::load::load;
 use burn_mapped_models::qwen2::{Sampler, Sampling, SamplingError};
-use burn_mapped_models::tokenizer::chat_prompt;
+use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
 use serde::Serialize;
 
 use crate::auto::Decision;
@@ -103,6 +104,12 @@ struct Summary {
     placement_decision: Option<Decision>,
     /// Bytes the per-use-copy placement copied during the run (0 for the other placements).
     staged_bytes: u64,
+    /// Whether the weights were the GGUF itself, read in place (no store, no conversion).
+    in_place: bool,
+    /// Tensors a GGUF read in place could not adopt where they lie, copied once at load.
+    copied_tensors: usize,
+    /// Their bytes.
+    copied_bytes: u64,
     prompt: String,
     prompt_ids: Vec<u32>,
     generated_ids: Vec<u32>,
@@ -229,14 +236,11 @@ pub fn parse_store_dtype(name: &str) -> anyhow::Result<qwen::StoreDType> {
     Ok(name.parse()?)
 }
 
-/// The store a GGUF is converted to when `--dtype` is not given: its own blocks where the
-/// block products run (Flex, the CPU), q8 elsewhere (the device step's store).
-pub fn default_store_dtype(device: &burn::tensor::Device) -> qwen::StoreDType {
-    if burn_mapped::is_flex(device) {
-        qwen::StoreDType::Blocks
-    } else {
-        qwen::StoreDType::Q8
-    }
+/// The store a GGUF is converted to when `--dtype` is not given: none on the CPU, where the
+/// GGUF is read in place (its blocks read by the block products), q8 elsewhere (the device
+/// step's store).
+pub fn default_store_dtype(device: &burn::tensor::Device) -> Option<qwen::StoreDType> {
+    (!burn_mapped::is_flex(device)).then_some(qwen::StoreDType::Q8)
 }
 
 /// Runs `generate`.
@@ -245,12 +249,12 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // Not started yet: a GPU runtime starts at its first use or at `decode_device`.
     let device = args.place.device.device();
     let dtype = match &args.dtype {
-        Some(name) => parse_store_dtype(name)?,
+        Some(name) => Some(parse_store_dtype(name)?),
         None => default_store_dtype(&device),
     };
     // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
     // batches, which let the GPU start while the host is still launching.
-    let device = if dtype == qwen::StoreDType::Q8 && !args.no_device_step {
+    let device = if dtype == Some(qwen::StoreDType::Q8) && !args.no_device_step {
         args.place.device.decode_device()?
     } else {
         device
@@ -264,18 +268,21 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let paths = qwen::resolve(&args.model, dtype, &cache, Some(&mut progress))?;
     bar.finish_and_clear();
 
-    let tokenizer = qwen::load_tokenizer(&paths)
-        .with_context(|| format!("reading the vocabulary of {}", paths.gguf.display()))?;
+    let weights = paths.weights_path();
     let (placement, decision) = args
         .place
-        .resolve(&paths.store, args.json)
-        .with_context(|| format!("choosing a placement for {}", paths.store.display()))?;
+        .resolve(weights, args.json)
+        .with_context(|| format!("choosing a placement for {}", weights.display()))?;
     let start = Instant::now();
     let options = qwen::open_options(args.strict).verify(args.verify);
-    let placed = qwen::load_placed(&paths, &device, options, placement)
-        .with_context(|| format!("loading {} ({placement})", paths.store.display()))?;
-    let loaded = &placed.loaded;
+    let mut loaded = load(paths.weights(), &device, options, placement)
+        .with_context(|| format!("loading {} ({placement})", weights.display()))?;
     let model_ready = start.elapsed();
+    let tokenizer = match loaded.header.take() {
+        Some(header) => Qwen2Tokenizer::from_gguf(header).map_err(anyhow::Error::from),
+        None => qwen::load_tokenizer(&paths).map_err(anyhow::Error::from),
+    }
+    .with_context(|| format!("reading the vocabulary of {}", paths.gguf.display()))?;
 
     let prompt = if args.chat {
         chat_prompt(args.system.as_deref(), &args.prompt)
@@ -283,7 +290,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         args.prompt.clone()
     };
     let prompt_ids = tokenizer.encode(&prompt)?;
-    let context = qwen::config_from_store(&loaded.store)?.max_position_embeddings;
+    let context = loaded.config.max_position_embeddings;
     check_context(prompt_ids.len(), args.max_tokens, context)?;
     let ctx = check_ctx(args.ctx, prompt_ids.len(), args.max_tokens, context)?;
     loaded.model.check_cache(ctx)?;
@@ -349,12 +356,15 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let rss = rss_self()?;
     let summary = Summary {
         model: args.model.clone(),
-        store: paths.store.display().to_string(),
+        store: weights.display().to_string(),
         placement: placement.name(),
         device: args.place.device.name(),
         strict: loaded.store.strict() == burn_mapped::StrictMode::Strict,
         placement_decision: decision,
-        staged_bytes: placed.stager.as_ref().map_or(0, |s| s.staged_bytes()),
+        staged_bytes: loaded.stager.as_ref().map_or(0, |s| s.staged_bytes()),
+        in_place: matches!(paths.weights, qwen::WeightsPath::Gguf(_)),
+        copied_tensors: loaded.store.copied().len(),
+        copied_bytes: loaded.store.copied().iter().map(|(_, b)| b).sum(),
         text: tokenizer.decode(&generated)?,
         prompt,
         prompt_ids,

@@ -290,10 +290,10 @@ fn mapping_residency(map: &Mmap) -> io::Result<Residency> {
     })
 }
 
-/// The files to probe in `dir`: for a store (a directory with a `manifest.json`), exactly the
+/// The files to probe at `dir`: for a store (a directory with a `manifest.json`), exactly the
 /// tensor files its manifest names, each checked to be as long as the manifest says (so a
 /// stray or swollen file in the directory is never read); for any other directory, its regular
-/// files. Sorted.
+/// files; for a file (a checkpoint read in place), the file. Sorted.
 ///
 /// # Errors
 /// A directory that cannot be listed or a manifest that cannot be read; a store file of
@@ -303,6 +303,10 @@ pub fn tensor_files_in(dir: &Path) -> Result<Vec<PathBuf>, ProbeError> {
         path: dir.to_path_buf(),
         source,
     };
+    if dir.is_file() {
+        // A checkpoint read in place: the file itself.
+        return Ok(vec![dir.to_path_buf()]);
+    }
     let mut files = Vec::new();
     if dir.join(burn_mapped::MANIFEST_FILE).exists() {
         let manifest = burn_mapped::Manifest::read(dir).map_err(|source| ProbeError::Manifest {

@@ -57,6 +57,7 @@ use super::model::{Qwen2ForCausalLM, RmsNorm};
 use super::projection::Projection;
 use super::rope;
 use super::sampling::{Sampler, Sampling};
+use super::vocab::VocabEmbed;
 use kernels::{ARGMAX_PARTS, NormInput, SiluMul, THREADS};
 
 /// Why the device step stopped.
@@ -305,11 +306,12 @@ impl DeviceDecoder {
         let [vocab, hidden] = m.embed_tokens.weight.lazy_shape().dims::<2>();
         let (embed, head) = match m.vocab_blocks() {
             Some(blocks) => (
-                blocks
-                    .embed
-                    .iter()
-                    .map(f32_matrix)
-                    .collect::<Option<Vec<_>>>()?,
+                match &blocks.embed {
+                    VocabEmbed::RowBlocks(rows) => {
+                        rows.iter().map(f32_matrix).collect::<Option<Vec<_>>>()?
+                    }
+                    VocabEmbed::Quantized(_) => return None,
+                },
                 blocks
                     .head
                     .as_ref()?
