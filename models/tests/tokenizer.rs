@@ -137,6 +137,24 @@ fn special_tokens_in_text_are_single_ids() {
 }
 
 #[test]
+fn the_text_a_reader_sees_leaves_out_control_tokens() {
+    let t = tiny();
+    let ids = [IM_START, HELLO, IM_END, TOOL_CALL, ENDOFTEXT];
+    // Control tokens (chat markup) give no text; a user-defined token is text.
+    assert_eq!(t.decode_text(&ids).unwrap(), "hello<tool_call>");
+    assert!(t.is_control(IM_END) && !t.is_control(TOOL_CALL));
+    let mut stream = t.stream_text_decoder();
+    let pieces: Vec<String> = ids
+        .iter()
+        .filter_map(|&id| stream.push(id).unwrap())
+        .collect();
+    assert_eq!(pieces.concat(), "hello<tool_call>");
+    // The plain decoders keep them.
+    let mut stream = t.stream_decoder();
+    assert_eq!(stream.push(IM_END).unwrap().as_deref(), Some("<|im_end|>"));
+}
+
+#[test]
 fn eos_ids_are_the_eos_then_im_end_and_endoftext() {
     let t = tiny();
     assert_eq!(t.eos_ids(), [IM_END, ENDOFTEXT]);

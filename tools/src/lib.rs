@@ -32,6 +32,7 @@ pub mod auto;
 pub mod cli;
 pub mod device;
 pub mod fetch;
+pub mod interrupt;
 pub mod probe;
 pub mod probe_cache;
 pub mod qwen;

@@ -84,3 +84,48 @@ fn a_gguf_runs_in_place_writing_nothing_but_the_probe_cache() {
     assert_eq!(stored["in_place"], false);
     assert_eq!(stored["generated_ids"], in_place["generated_ids"]);
 }
+
+#[test]
+fn ctrl_c_ends_a_generation_with_its_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("model.gguf");
+    let dims = TinyDims {
+        context: 1 << 16,
+        ..TinyDims::default()
+    };
+    std::fs::write(&gguf, tiny_qwen2(dims, 10).build()).unwrap();
+    let cache = tmp.path().join("cache");
+    let child = Command::new(env!("CARGO_BIN_EXE_burn-mapped"))
+        .args(["generate", "--model"])
+        .arg(&gguf)
+        .args([
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "65000",
+            "--ignore-eos",
+            "--json",
+        ])
+        .args(["--placement", "map", "--cache-dir"])
+        .arg(&cache)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    // SAFETY: kill sends a signal to the child this test started.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["interrupted"], true, "{json}");
+    let generated = json["generated_ids"].as_array().unwrap().len();
+    assert!(generated > 0 && generated < 65000, "{generated}");
+}

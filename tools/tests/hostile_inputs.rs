@@ -401,6 +401,7 @@ fn misleading_messages_now_say_what_is_wrong() {
         stderr(&out)
     );
     // A cache directory that is a file is named as such.
+    // (A store format asks for the cache; a GGUF read in place needs none.)
     let file = tmp.path().join("not-a-dir");
     std::fs::write(&file, b"x").unwrap();
     let out = run_in(
@@ -411,6 +412,8 @@ fn misleading_messages_now_say_what_is_wrong() {
             "model.gguf",
             "--prompt",
             "x",
+            "--dtype",
+            "f32",
             "--placement",
             "map",
             "--cache-dir",

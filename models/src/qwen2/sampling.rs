@@ -4,6 +4,8 @@
 //! SplitMix64 generator owned by the [`Sampler`], so a seed gives the same tokens on every
 //! platform and backend (given the same logits).
 
+use std::ops::ControlFlow;
+
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::model::{ForwardError, Qwen2ForCausalLM};
@@ -253,6 +255,23 @@ impl Qwen2ForCausalLM {
         stop_tokens: &[u32],
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, GenerateError> {
+        self.generate_until(prompt, max_new_tokens, sampler, stop_tokens, |id| {
+            on_token(id);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// [`generate_with`](Self::generate_with) whose callback can end the generation early
+    /// (an interrupted run keeps the tokens chosen so far): returning `Break` stops after
+    /// that token.
+    pub fn generate_until(
+        &self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        sampler: &mut Sampler,
+        stop_tokens: &[u32],
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Vec<u32>, GenerateError> {
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
@@ -265,7 +284,7 @@ impl Qwen2ForCausalLM {
         if self.device_step() {
             let capacity = prompt.len() + max_new_tokens - 1;
             if let Some(mut decoder) = super::DeviceDecoder::new(self, capacity) {
-                return Ok(decoder.generate(
+                return Ok(decoder.generate_until(
                     prompt,
                     max_new_tokens,
                     sampler,
@@ -290,8 +309,8 @@ impl Qwen2ForCausalLM {
                 .map_err(|e| GenerateError::ReadLogits(e.to_string()))?;
             let next = sampler.sample(&logits)?;
             generated.push(next);
-            on_token(next);
-            if generated.len() == max_new_tokens || stop_tokens.contains(&next) {
+            let flow = on_token(next);
+            if generated.len() == max_new_tokens || stop_tokens.contains(&next) || flow.is_break() {
                 return Ok(generated);
             }
             input.clear();

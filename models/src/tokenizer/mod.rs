@@ -134,6 +134,9 @@ pub struct Qwen2Tokenizer {
     add_bos: bool,
     /// Ids that end a chat reply, `eos` first.
     eos_ids: Vec<u32>,
+    /// Ids of control tokens (`<|im_end|>`, `<|endoftext|>`, ...), sorted: markup a reader
+    /// never sees.
+    control: Vec<u32>,
 }
 
 impl std::fmt::Debug for Qwen2Tokenizer {
@@ -242,6 +245,7 @@ impl Qwen2Tokenizer {
         let mut offsets = Vec::with_capacity(vocab_size + 1);
         offsets.push(0u32);
         let mut added = Vec::new();
+        let mut control = Vec::new();
         for (id, (token, &kind)) in (0u32..).zip(tokens.into_iter().zip(&token_types)) {
             if !(token_type::UNDEFINED..=token_type::BYTE).contains(&kind) {
                 return Err(TokenizerError::UnknownTokenType {
@@ -264,7 +268,10 @@ impl Qwen2Tokenizer {
                 });
             }
             match kind {
-                token_type::CONTROL => added.push(AddedToken::from(token, true)),
+                token_type::CONTROL => {
+                    control.push(id);
+                    added.push(AddedToken::from(token, true));
+                }
                 token_type::USER_DEFINED => added.push(AddedToken::from(token, false)),
                 _ => {}
             }
@@ -312,6 +319,7 @@ impl Qwen2Tokenizer {
             bos,
             add_bos,
             eos_ids,
+            control,
         })
     }
 
@@ -345,10 +353,32 @@ impl Qwen2Tokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// The text a reader sees behind `ids`: [`decode`](Self::decode) without the control
+    /// tokens (`<|im_end|>` and the other chat markup).
+    pub fn decode_text(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let visible: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&id| !self.is_control(id))
+            .collect();
+        self.decode(&visible)
+    }
+
+    /// Whether `id` is a control token (chat markup such as `<|im_end|>`).
+    pub fn is_control(&self, id: u32) -> bool {
+        self.control.binary_search(&id).is_ok()
+    }
+
     /// A decoder for ids that arrive one at a time, which holds back a character until all
     /// its bytes have arrived.
     pub fn stream_decoder(&self) -> StreamDecoder<'_> {
-        StreamDecoder::new(self)
+        StreamDecoder::new(self, false)
+    }
+
+    /// [`stream_decoder`](Self::stream_decoder) of the text a reader sees: control tokens
+    /// give nothing (as [`decode_text`](Self::decode_text)).
+    pub fn stream_text_decoder(&self) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, true)
     }
 
     /// The raw bytes behind one id.

@@ -14,19 +14,25 @@ pub struct StreamDecoder<'t> {
     tokenizer: &'t Qwen2Tokenizer,
     /// Bytes of a character that is not complete yet: at most 3.
     pending: Vec<u8>,
+    /// Whether control tokens give no text.
+    skip_control: bool,
 }
 
 impl<'t> StreamDecoder<'t> {
-    pub(super) fn new(tokenizer: &'t Qwen2Tokenizer) -> Self {
+    pub(super) fn new(tokenizer: &'t Qwen2Tokenizer, skip_control: bool) -> Self {
         Self {
             tokenizer,
             pending: Vec::with_capacity(8),
+            skip_control,
         }
     }
 
     /// Adds one id; returns the text it completes, or `None` while a character is still
-    /// incomplete (or the token is empty).
+    /// incomplete (or the token is empty, or a control token this decoder skips).
     pub fn push(&mut self, id: u32) -> Result<Option<String>, TokenizerError> {
+        if self.skip_control && self.tokenizer.is_control(id) {
+            return Ok(None);
+        }
         self.pending
             .extend_from_slice(self.tokenizer.token_bytes(id)?);
         let text = drain_complete(&mut self.pending);

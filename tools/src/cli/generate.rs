@@ -3,6 +3,7 @@
 //! small that was.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -104,6 +105,8 @@ struct Summary {
     placement_decision: Option<Decision>,
     /// Bytes the per-use-copy placement copied during the run (0 for the other placements).
     staged_bytes: u64,
+    /// Whether Ctrl-C ended the generation early (the tokens are those chosen before it).
+    interrupted: bool,
     /// Whether the weights were the GGUF itself, read in place (no store, no conversion).
     in_place: bool,
     /// Tensors a GGUF read in place could not adopt where they lie, copied once at load.
@@ -295,7 +298,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let ctx = check_ctx(args.ctx, prompt_ids.len(), args.max_tokens, context)?;
     loaded.model.check_cache(ctx)?;
     let mut sampler = sampler_for(args.temperature, args.top_p, args.seed)?;
-    let mut stream = tokenizer.stream_decoder();
+    let mut stream = tokenizer.stream_text_decoder();
     let mut first_token = None;
     // The decode ends at the last token, before any `--device-time` replays.
     let mut last_token = None;
@@ -306,6 +309,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     } else {
         tokenizer.eos_ids()
     };
+    crate::interrupt::catch();
     let on_token = |id| {
         let now = start.elapsed();
         first_token.get_or_insert(now);
@@ -322,6 +326,11 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        if crate::interrupt::interrupted() {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
     };
     let mut on_token = on_token;
     let step = DeviceRun {
@@ -336,7 +345,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         Some(done) => done,
         None => {
             let model = loaded.model.clone().with_device_step(false);
-            let generated = model.generate_with(
+            let generated = model.generate_until(
                 &prompt_ids,
                 args.max_tokens,
                 &mut sampler,
@@ -362,10 +371,11 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         strict: loaded.store.strict() == burn_mapped::StrictMode::Strict,
         placement_decision: decision,
         staged_bytes: loaded.stager.as_ref().map_or(0, |s| s.staged_bytes()),
+        interrupted: crate::interrupt::interrupted(),
         in_place: matches!(paths.weights, qwen::WeightsPath::Gguf(_)),
         copied_tensors: loaded.store.copied().len(),
         copied_bytes: loaded.store.copied().iter().map(|(_, b)| b).sum(),
-        text: tokenizer.decode(&generated)?,
+        text: tokenizer.decode_text(&generated)?,
         prompt,
         prompt_ids,
         generated_ids: generated,
@@ -426,7 +436,7 @@ impl DeviceRun<'_> {
         &self,
         model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
         sampler: &mut Sampler,
-        on_token: impl FnMut(u32),
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
         use burn_mapped_models::qwen2::DeviceDecoder;
         let Some(mut decoder) = self
@@ -437,7 +447,7 @@ impl DeviceRun<'_> {
             return Ok(None);
         };
         let generated =
-            decoder.generate(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
+            decoder.generate_until(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
         // A timing that fails costs the figure, not the tokens already generated.
         fn timing<T>(what: &str, timed: Result<Option<T>, impl std::fmt::Display>) -> Option<T> {
             timed.unwrap_or_else(|e| {
@@ -478,7 +488,7 @@ impl DeviceRun<'_> {
         &self,
         _model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
         _sampler: &mut Sampler,
-        _on_token: impl FnMut(u32),
+        _on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
         let _ = (
             self.wanted,

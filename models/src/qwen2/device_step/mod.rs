@@ -650,6 +650,26 @@ impl DeviceDecoder {
         stop_tokens: &[u32],
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, DeviceStepError> {
+        self.generate_until(prompt, max_new_tokens, sampler, stop_tokens, |id| {
+            on_token(id);
+            std::ops::ControlFlow::Continue(())
+        })
+    }
+
+    /// [`generate`](Self::generate) whose callback can end the generation early: returning
+    /// `Break` stops after that token (the step already in flight finishes unread).
+    ///
+    /// # Errors
+    ///
+    /// As [`generate`](Self::generate).
+    pub fn generate_until(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        sampler: &mut Sampler,
+        stop_tokens: &[u32],
+        mut on_token: impl FnMut(u32) -> std::ops::ControlFlow<()>,
+    ) -> Result<Vec<u32>, DeviceStepError> {
         let n = prompt.len();
         if n == 0 {
             return Err(DeviceStepError::EmptyPrompt);
@@ -660,10 +680,10 @@ impl DeviceDecoder {
                 vocab: self.dims.vocab,
             });
         }
-        let mut generated = Vec::with_capacity(max_new_tokens);
         if max_new_tokens == 0 {
-            return Ok(generated);
+            return Ok(Vec::new());
         }
+        let mut generated = Vec::with_capacity(max_new_tokens.min(self.dims.capacity + 1));
         // Prefill takes positions `0..n`, steps `n..n + max_new_tokens - 1` (the last in
         // flight when the last token is read).
         let steps = n + max_new_tokens - 1;
@@ -733,8 +753,7 @@ impl DeviceDecoder {
                 return Err(DeviceStepError::NoChoice { position });
             }
             generated.push(token);
-            on_token(token);
-            if stop_tokens.contains(&token) {
+            if on_token(token).is_break() || stop_tokens.contains(&token) {
                 break;
             }
         }
