@@ -246,6 +246,33 @@ impl MappedStore {
             .collect()
     }
 
+    /// Tells the kernel that tensor `name` is read a few rows at a time, in no order (a token
+    /// embedding): no read-ahead and no huge pages over its pages, so a lookup brings in its
+    /// rows' pages alone. A hint: refused or unsupported, it changes nothing but memory use.
+    /// Only the pages wholly inside the tensor are advised (its neighbours in a checkpoint
+    /// keep theirs).
+    ///
+    /// # Errors
+    /// [`StoreError::TensorNotFound`].
+    pub fn advise_lookups(&self, name: &str) -> Result<(), StoreError> {
+        let i = self.index(name)?;
+        if self.copies.contains_key(&i) {
+            return Ok(());
+        }
+        let bytes = self.bytes_at(i);
+        let page = crate::layout::page_size();
+        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+        if start < end {
+            for advice in [libc::MADV_RANDOM, libc::MADV_NOHUGEPAGE] {
+                // SAFETY: [start, end) is whole pages inside a live mapping this store owns;
+                // madvise with these advices changes no contents.
+                unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
+            }
+        }
+        Ok(())
+    }
+
     /// The bytes of tensor `name` as stored (the file's mapped pages, or a view's copy).
     ///
     /// # Errors

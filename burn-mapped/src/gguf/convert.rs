@@ -11,7 +11,7 @@ use burn::tensor::DType;
 
 use super::format::{f16_at, scale_offsets};
 use super::source::{SourceError, SourceRecord};
-use super::{GgufError, MappedGguf, Value, dequantize};
+use super::{GgufError, MappedGguf, dequantize};
 use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
 use crate::manifest::{BlockLayout, Manifest, Q8_ROW_F16};
@@ -202,7 +202,7 @@ pub fn gguf_to_store(
         writer.metadata("convert.blocks", "gguf");
     }
     for (key, value) in file.metadata() {
-        if let Some(text) = scalar_text(value) {
+        if let Some(text) = value.scalar_text() {
             writer.metadata(format!("gguf.{key}"), text);
         }
     }
@@ -352,23 +352,4 @@ fn write_as(values: &[f32], dtype: DType, sink: &mut impl Write) -> std::io::Res
         sink.write_all(&buf)?;
     }
     Ok(())
-}
-
-/// A scalar or string metadata value as text (`None` for arrays).
-pub(crate) fn scalar_text(value: &Value) -> Option<String> {
-    Some(match value {
-        Value::U8(v) => v.to_string(),
-        Value::I8(v) => v.to_string(),
-        Value::U16(v) => v.to_string(),
-        Value::I16(v) => v.to_string(),
-        Value::U32(v) => v.to_string(),
-        Value::I32(v) => v.to_string(),
-        Value::U64(v) => v.to_string(),
-        Value::I64(v) => v.to_string(),
-        Value::F32(v) => v.to_string(),
-        Value::F64(v) => v.to_string(),
-        Value::Bool(v) => v.to_string(),
-        Value::String(v) => v.clone(),
-        Value::Array(_) => return None,
-    })
 }

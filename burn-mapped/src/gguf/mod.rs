@@ -42,7 +42,6 @@ pub(crate) mod format;
 mod mapped;
 mod source;
 
-pub(crate) use convert::scalar_text;
 pub use convert::{GgufConvert, GgufConvertError, gguf_to_store};
 pub use format::{
     Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEY_LEN,

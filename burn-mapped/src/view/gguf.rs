@@ -10,18 +10,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use burn::tensor::DType;
-
+use super::plan::{Planned, plan_gguf};
 use super::{Rename, ViewBuilder};
 use crate::error::StoreError;
-use crate::gguf::format::{GgmlType, can_dequantize, dequantize};
-use crate::gguf::{GgufFile, scalar_text};
-use crate::manifest::{BlockLayout, TensorEntry};
+use crate::gguf::GgufFile;
+use crate::gguf::format::dequantize;
 use crate::map::MappedFile;
 use crate::store::{MappedStore, OpenOptions};
-
-/// Metadata key naming the format a view was read from (`gguf`, `safetensors`).
-pub const FORMAT_KEY: &str = "source.format";
 
 /// Opens `path` as a view, naming tensors by `rename`; also returns the parsed header (for a
 /// caller that builds a tokenizer from its vocabulary without parsing it again).
@@ -36,62 +31,26 @@ pub(crate) fn open(
         source: Box::new(source),
     };
     let gguf = GgufFile::parse(file.bytes()).map_err(in_file)?;
-    let file_name = file.tensor().to_string();
+    let (planned, metadata) = plan_gguf(&gguf, path, file.tensor(), rename)?;
     let mut view = ViewBuilder::default();
-    view.metadata(FORMAT_KEY.into(), "gguf".into());
-    for (key, value) in gguf.metadata() {
-        if let Some(text) = scalar_text(value) {
-            view.metadata(format!("gguf.{key}"), text);
+    for (key, value) in metadata {
+        view.metadata(key, value);
+    }
+    for tensor in planned {
+        match tensor {
+            Planned::InFile(entry) => {
+                let dtype = entry.dtype();
+                view.place(entry, &file, dtype);
+            }
+            Planned::Dequantized { entry, source } => {
+                let info = &gguf.tensors()[source];
+                let bytes = gguf.tensor_bytes(file.bytes(), info).map_err(in_file)?;
+                let mut values = vec![0f32; info.n_elements() as usize];
+                dequantize(info.ggml_type(), bytes, &mut values).map_err(in_file)?;
+                let copy: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                view.copy(entry, &file, copy.into());
+            }
         }
     }
-    for info in gguf.tensors() {
-        let Some(name) = rename(info.name()) else {
-            continue;
-        };
-        let shape = info.shape_row_major();
-        let offset = info.offset();
-        let ty = info.ggml_type();
-        let entry = |dtype, shape, blocks| {
-            TensorEntry::in_file(
-                name.clone(),
-                dtype,
-                shape,
-                file_name.clone(),
-                offset,
-                blocks,
-            )
-        };
-        let plain = match ty {
-            GgmlType::F32 => Some(DType::F32),
-            GgmlType::F16 => Some(DType::F16),
-            GgmlType::BF16 => Some(DType::BF16),
-            _ => None,
-        };
-        if let Some(dtype) = plain {
-            view.place(entry(dtype, shape, None)?, &file, dtype);
-            continue;
-        }
-        if let [rows, cols] = shape[..]
-            && let Ok(layout) = BlockLayout::new(ty, cols)
-        {
-            let entry = entry(DType::U8, vec![rows, layout.row_bytes()], Some(layout))?;
-            view.place(entry, &file, DType::U8);
-            continue;
-        }
-        if !can_dequantize(ty) {
-            return Err(StoreError::GgufType {
-                file: path.to_path_buf(),
-                tensor: name,
-                ty: ty.name(),
-            });
-        }
-        // A block type the kernels read, in a shape they do not take: dequantized once.
-        let bytes = gguf.tensor_bytes(file.bytes(), info).map_err(in_file)?;
-        let mut values = vec![0f32; info.n_elements() as usize];
-        dequantize(ty, bytes, &mut values).map_err(in_file)?;
-        let copy: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        view.copy(entry(DType::F32, shape, None)?, &file, copy.into());
-    }
-    let store = view.finish(path, options)?;
-    Ok((store, gguf))
+    Ok((view.finish(path, options)?, gguf))
 }

@@ -15,7 +15,10 @@
 //! checksums, and reading every byte is the cost that in-place loading removes.
 
 pub(crate) mod gguf;
+pub(crate) mod plan;
 pub(crate) mod safetensors;
+
+pub use plan::FORMAT_KEY;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -77,41 +80,26 @@ impl ViewBuilder {
     }
 
     /// The store, once every placed tensor is checked to lie inside its file and to share no
-    /// byte with another (the format readers check this too; a view relies on it for every
-    /// read, so it checks again).
+    /// byte with another ([`plan::check_ranges`]).
     pub(crate) fn finish(
         self,
         path: &Path,
         options: OpenOptions,
     ) -> Result<MappedStore, StoreError> {
-        let mut ranges: Vec<(usize, u64, u64, usize)> = self
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !self.copies.contains_key(i))
-            .map(|(i, e)| {
-                let file = Arc::as_ptr(&self.files[i]) as usize;
-                (file, e.offset(), e.offset().saturating_add(e.len()), i)
-            })
+        // A file is told by its mapping's address.
+        let key = |i: usize| Arc::as_ptr(&self.files[i]) as usize;
+        let by_key: std::collections::HashMap<usize, &MappedFile> = (0..self.files.len())
+            .map(|i| (key(i), &*self.files[i]))
             .collect();
-        ranges.sort_unstable();
-        let mut covered = (0usize, 0u64);
-        for (file, start, end, i) in ranges {
-            let bad = |reason| StoreError::BadView {
-                file: self.files[i].path().to_path_buf(),
-                tensor: self.entries[i].name().to_string(),
-                reason,
-            };
-            if end > self.files[i].bytes().len() as u64 {
-                return Err(bad("its bytes run past the end of the file"));
-            }
-            if start < end {
-                if covered.0 == file && start < covered.1 {
-                    return Err(bad("its bytes overlap another tensor's"));
-                }
-                covered = (file, end);
-            }
-        }
+        plan::check_ranges(
+            self.entries
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !self.copies.contains_key(i))
+                .map(|(i, e)| (key(i), e.offset(), e.len(), e.name())),
+            |k| by_key[&k].bytes().len() as u64,
+            |k| by_key[&k].path().to_path_buf(),
+        )?;
         let manifest = Manifest::view(self.entries, self.metadata)?;
         Ok(MappedStore::from_view(
             path,

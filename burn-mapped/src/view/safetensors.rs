@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::gguf::FORMAT_KEY;
+use super::plan::FORMAT_KEY;
 use super::{Rename, ViewBuilder};
 use crate::convert::{SafetensorsInput, SourceDType};
 use crate::error::StoreError;

@@ -192,6 +192,8 @@ pub fn load_with(
             source,
         })?;
     let mut model = load_weights(model, &mut store, device)?;
+    // A token's row is all a lookup reads of the embedding.
+    store.advise_lookups(EMBED_TOKENS)?;
     let stager = (placement == Placement::PerUseCopy).then(|| Stager::new(device.clone()));
     if let Some(stager) = &stager {
         stage_every_projection(&mut model, &store, stager)?;

@@ -260,6 +260,25 @@ pub enum Value {
 }
 
 impl Value {
+    /// A scalar or a string as text, as a store's metadata records it (`None` for an array).
+    pub fn scalar_text(&self) -> Option<String> {
+        Some(match self {
+            Value::U8(v) => v.to_string(),
+            Value::I8(v) => v.to_string(),
+            Value::U16(v) => v.to_string(),
+            Value::I16(v) => v.to_string(),
+            Value::U32(v) => v.to_string(),
+            Value::I32(v) => v.to_string(),
+            Value::U64(v) => v.to_string(),
+            Value::I64(v) => v.to_string(),
+            Value::F32(v) => v.to_string(),
+            Value::F64(v) => v.to_string(),
+            Value::Bool(v) => v.to_string(),
+            Value::String(v) => v.clone(),
+            Value::Array(_) => return None,
+        })
+    }
+
     /// The GGUF type tag of this value.
     pub fn value_type(&self) -> ValueType {
         match self {
