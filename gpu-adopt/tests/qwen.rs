@@ -15,7 +15,7 @@ use burn::store::{ModuleStore, SafetensorsStore};
 use burn::tensor::Device;
 use burn_mapped::memstat::rss_self;
 use burn_mapped::{MappedRecorder, MappedStore, Placement};
-use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, VocabBlocks};
+use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, VocabBlocks, VocabEmbed};
 use common::{digest_dir, gpu, importing, open_strict};
 
 fn fixture() -> PathBuf {
@@ -205,7 +205,10 @@ fn tiny_qwen2_on_adopted_row_blocks_matches_transformers() {
     }
     let embed = blocks.into_iter().map(|(b, _)| b).collect();
     let model = model
-        .with_vocab_blocks(VocabBlocks { embed, head: None })
+        .with_vocab_blocks(VocabBlocks {
+            embed: VocabEmbed::RowBlocks(embed),
+            head: None,
+        })
         .unwrap();
     t.decode_like_transformers(&model, "adopted row blocks");
     drop(model);

@@ -9,12 +9,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_mapped::q8::scale_name;
 use burn_mapped::{MappedStore, Placement};
 use burn_mapped_gpu::{GpuDevice, ModuleReport, Placed};
+pub use burn_mapped_models::qwen2::load::{EMBED_TOKENS as EMBED, LM_HEAD as HEAD};
 use burn_mapped_models::qwen2::{
-    Projection, Qwen2ForCausalLM, VocabBlocks, argmax, config_from_manifest,
+    Projection, Qwen2ForCausalLM, VocabBlocks, VocabEmbed, argmax, config_from_manifest,
 };
-
-pub const EMBED: &str = "model.embed_tokens.weight";
-pub const HEAD: &str = "lm_head.weight";
 
 /// A model on the device, and where its weights went.
 pub struct Loaded {
@@ -116,7 +114,10 @@ pub fn load_qwen(
             Some(weights.into_iter().map(Projection::from_weight).collect())
         }
     };
-    let model = model.with_vocab_blocks(VocabBlocks { embed, head })?;
+    let model = model.with_vocab_blocks(VocabBlocks {
+        embed: VocabEmbed::RowBlocks(embed),
+        head,
+    })?;
     Ok(Loaded {
         model,
         report,
