@@ -45,6 +45,10 @@ mod gguf {
     pub(crate) use super::gguf_format::*;
 }
 
+#[path = "../../src/view/plan.rs"]
+#[allow(dead_code, unused_imports)]
+mod view_plan;
+
 #[path = "../../src/convert/safetensors/parse.rs"]
 #[allow(dead_code, unused_imports)]
 mod safetensors_parse;
@@ -57,13 +61,75 @@ mod burnpack_parse;
 pub type Target = fn(&[u8]);
 
 /// Every target by name: the names of `fuzz_targets/*.rs` and of the `corpus/` directories.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("gguf_parse", gguf_parse),
+    ("gguf_view", gguf_view),
     ("manifest_parse", manifest_parse),
     ("safetensors_header", safetensors_header),
     ("safetensors_index", safetensors_index),
     ("burnpack", burnpack),
 ];
+
+/// The plan of a GGUF read in place (`view::plan::plan_gguf`) for every file the parser
+/// accepts: each tensor adopted in place is the file's tensor at its offset, as long as its type
+/// and shape give, as the dtype or block layout its type calls for; each dequantized one is of
+/// a type that decodes; the adopted ranges pass the view's own bounds and overlap check against
+/// the file; the metadata carries every scalar as `gguf.<key>`.
+pub fn gguf_view(data: &[u8]) {
+    use burn_std::DType;
+    use gguf::GgmlType;
+    use view_plan::{Planned, check_ranges, plan_gguf};
+
+    let Ok(file) = gguf::GgufFile::parse(data) else {
+        return;
+    };
+    let path = Path::new("fuzz.gguf");
+    let Ok((planned, metadata)) = plan_gguf(&file, path, "fuzz.gguf", &|n| Some(n.to_string()))
+    else {
+        return;
+    };
+    assert_eq!(metadata["source.format"], "gguf");
+    for (key, value) in file.metadata() {
+        assert_eq!(
+            metadata.get(&format!("gguf.{key}")),
+            value.scalar_text().as_ref()
+        );
+    }
+    let mut ranges = Vec::new();
+    for tensor in &planned {
+        match tensor {
+            Planned::InFile(entry) => {
+                let info = file.tensor(entry.name()).expect("planned from the file");
+                assert_eq!(entry.offset(), info.offset());
+                assert_eq!(entry.len(), info.byte_len());
+                assert!(entry.xxh3().is_none());
+                match (info.ggml_type(), entry.blocks()) {
+                    (GgmlType::F32, None) => assert_eq!(entry.dtype(), DType::F32),
+                    (GgmlType::F16, None) => assert_eq!(entry.dtype(), DType::F16),
+                    (GgmlType::BF16, None) => assert_eq!(entry.dtype(), DType::BF16),
+                    (ty, Some(layout)) => {
+                        assert_eq!(layout.ty(), ty);
+                        assert_eq!(entry.dtype(), DType::U8);
+                        assert_eq!(info.dims().len(), 2);
+                        assert_eq!(layout.cols() as u64, info.dims()[0]);
+                        assert_eq!(entry.shape(), [info.dims()[1] as usize, layout.row_bytes()]);
+                    }
+                    (ty, None) => panic!("{} adopted in place without a layout", ty.name()),
+                }
+                ranges.push((0, entry.offset(), entry.len(), entry.name()));
+            }
+            Planned::Dequantized { entry, source } => {
+                let info = &file.tensors()[*source];
+                assert_eq!(info.name(), entry.name());
+                assert!(gguf::can_dequantize(info.ggml_type()));
+                assert_eq!(entry.dtype(), DType::F32);
+                assert_eq!(entry.len(), info.n_elements() * 4);
+            }
+        }
+    }
+    check_ranges(ranges, |_| data.len() as u64, |_| path.to_path_buf())
+        .expect("the parser's tensors pass the view's range check");
+}
 
 /// `GgufFile::parse`: an accepted file keeps every cap, its lookups agree with its tables, and
 /// every tensor has the length its type and shape give, lies aligned inside the data section,
