@@ -323,3 +323,126 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         );
     }
 }
+
+/// A random q8 Qwen2 store of `config`'s shapes: projections q8, everything else f32, values
+/// small enough that activations stay finite.
+fn write_random_store(config: &Qwen2Config, dir: &Path) {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut values = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+            })
+            .collect()
+    };
+    let (h, i, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let kv = config.num_key_value_heads * config.head_dim;
+    let mut w = StoreWriter::create(dir).unwrap();
+    let float = |w: &mut StoreWriter, name: &str, shape: Vec<usize>, v: Vec<f32>| {
+        w.add(TensorSpec::new(name, DType::F32, shape), &f32_bytes(&v))
+            .unwrap();
+    };
+    float(
+        &mut w,
+        "model.embed_tokens.weight",
+        vec![v, h],
+        values(v * h, 2.0),
+    );
+    float(&mut w, "model.norm.weight", vec![h], vec![1.0; h]);
+    write_q8(&mut w, "lm_head.weight", &values(v * h, 0.2), v, h).unwrap();
+    for l in 0..config.num_hidden_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        float(&mut w, &p("input_layernorm.weight"), vec![h], vec![1.0; h]);
+        float(
+            &mut w,
+            &p("post_attention_layernorm.weight"),
+            vec![h],
+            vec![1.0; h],
+        );
+        for (name, out, inp) in [
+            ("self_attn.q_proj", h, h),
+            ("self_attn.k_proj", kv, h),
+            ("self_attn.v_proj", kv, h),
+            ("self_attn.o_proj", h, h),
+            ("mlp.gate_proj", i, h),
+            ("mlp.up_proj", i, h),
+            ("mlp.down_proj", h, i),
+        ] {
+            let scale = 2.0 / (inp as f32).sqrt();
+            write_q8(
+                &mut w,
+                &p(&format!("{name}.weight")),
+                &values(out * inp, scale),
+                out,
+                inp,
+            )
+            .unwrap();
+            if name.ends_with("q_proj") || name.ends_with("k_proj") || name.ends_with("v_proj") {
+                float(
+                    &mut w,
+                    &p(&format!("{name}.bias")),
+                    vec![out],
+                    values(out, 0.1),
+                );
+            }
+        }
+    }
+    w.finish().unwrap();
+}
+
+/// The device step takes an MLP wider than a fused product's split fits in WebGPU's default
+/// 16 KiB of shared memory (Qwen2.5-1.5B's 8960; 7B's is 18944), sized by the adapter's own
+/// limit, and decodes as the host does; where the adapter's limit is too small it says so.
+/// A model it does not take is refused with the reason.
+#[test]
+fn the_device_step_takes_wide_mlps_or_says_why_not() {
+    use burn_mapped_models::qwen2::{DeviceDecoder, Sampler};
+    let Some(gpu) = burn_mapped_tests::gpu::wgpu_device() else {
+        return;
+    };
+    let config = Qwen2Config {
+        vocab_size: 256,
+        hidden_size: 128,
+        intermediate_size: 8960,
+        num_hidden_layers: 2,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 64,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10000.0,
+        max_position_embeddings: 64,
+        tie_word_embeddings: false,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_random_store(&config, dir.path());
+    let host = load(&config, dir.path(), &Device::flex());
+    let device = load(&config, dir.path(), &gpu);
+    let prompt = [3u32, 141, 59, 26];
+    const NEW: usize = 6;
+    match DeviceDecoder::try_new(&device, prompt.len() + NEW) {
+        Ok(mut decoder) => {
+            let want = host
+                .generate(&prompt, NEW, &mut Sampler::greedy(), &[])
+                .unwrap();
+            let got = decoder
+                .generate(&prompt, NEW, &mut Sampler::greedy(), &[], |_| {})
+                .unwrap();
+            assert_eq!(got, want);
+        }
+        Err(refused) => {
+            // Only an adapter with less shared memory than the split needs may refuse.
+            assert!(refused.0.contains("shared memory"), "{refused}");
+            eprintln!("note: {refused}");
+        }
+    }
+    // A model on the host is refused, naming what the step needs.
+    let refused = DeviceDecoder::try_new(&host, 8).err().expect("refused");
+    assert!(refused.0.contains("CubeCL"), "{refused}");
+}

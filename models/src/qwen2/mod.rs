@@ -19,7 +19,7 @@ pub use config::{
     Qwen2Config,
 };
 #[cfg(feature = "wgpu")]
-pub use device_step::{DeviceDecoder, DeviceStepError};
+pub use device_step::{DeviceDecoder, DeviceStepError, DeviceStepRefused};
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};
 pub use model::{
     Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm, WeightKind,

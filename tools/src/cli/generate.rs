@@ -125,6 +125,8 @@ struct Summary {
     rss_file_bytes: u64,
     /// `device step (recorded)`, `device step (launched)` or `tensor ops`.
     decode_path: &'static str,
+    /// Why the device step did not take the model, where it was asked for and refused.
+    device_step_refused: Option<String>,
     /// Kernel launches per token of the device step.
     launches_per_token: Option<usize>,
     /// The host's mean time to enqueue one token's step, in microseconds.
@@ -334,16 +336,22 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     };
     let mut on_token = on_token;
     let step = DeviceRun {
-        wanted: !args.no_device_step,
+        // Only CubeCL devices run the step; asked on the CPU, it would only say so.
+        wanted: !args.no_device_step && !burn_mapped::is_flex(&device),
         time_device: args.device_time,
         ctx,
         prompt: &prompt_ids,
         max_tokens: args.max_tokens,
         stop,
     };
+    let mut device_step_refused = None;
     let (generated, path) = match step.run(&loaded.model, &mut sampler, &mut on_token)? {
-        Some(done) => done,
-        None => {
+        Stepped::Ran(generated, path) => (generated, path),
+        stepped => {
+            if let Stepped::Refused(reason) = stepped {
+                tell!("[device step refused: {reason}; decoding through tensor ops]");
+                device_step_refused = Some(reason);
+            }
             let model = loaded.model.clone().with_device_step(false);
             let generated = model.generate_until(
                 &prompt_ids,
@@ -390,6 +398,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         rss_anon_bytes: rss.anon,
         rss_file_bytes: rss.file,
         decode_path: path.name,
+        device_step_refused,
         launches_per_token: path.launches_per_token,
         host_us_per_token: path.host_us_per_token,
         device_us_per_token: path.device_us_per_token,
@@ -417,6 +426,16 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the device step did with a generation.
+enum Stepped {
+    /// It generated the tokens.
+    Ran(Vec<u32>, DecodePath),
+    /// It was asked for and does not take the model, for this reason.
+    Refused(String),
+    /// It was not asked for (the CPU, or `--no-device-step`).
+    NotAsked,
+}
+
 /// A generation the device step may take.
 struct DeviceRun<'a> {
     wanted: bool,
@@ -437,14 +456,14 @@ impl DeviceRun<'_> {
         model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
         sampler: &mut Sampler,
         on_token: impl FnMut(u32) -> ControlFlow<()>,
-    ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
+    ) -> anyhow::Result<Stepped> {
         use burn_mapped_models::qwen2::DeviceDecoder;
-        let Some(mut decoder) = self
-            .wanted
-            .then(|| DeviceDecoder::new(model, self.ctx))
-            .flatten()
-        else {
-            return Ok(None);
+        if !self.wanted {
+            return Ok(Stepped::NotAsked);
+        }
+        let mut decoder = match DeviceDecoder::try_new(model, self.ctx) {
+            Ok(decoder) => decoder,
+            Err(refused) => return Ok(Stepped::Refused(refused.to_string())),
         };
         let generated =
             decoder.generate_until(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
@@ -479,7 +498,7 @@ impl DeviceRun<'_> {
             device_us_per_token,
             device_us_by_launch,
         };
-        Ok(Some((generated, path)))
+        Ok(Stepped::Ran(generated, path))
     }
 
     /// Without a GPU backend built in there is no device step.
@@ -489,15 +508,18 @@ impl DeviceRun<'_> {
         _model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
         _sampler: &mut Sampler,
         _on_token: impl FnMut(u32) -> ControlFlow<()>,
-    ) -> anyhow::Result<Option<(Vec<u32>, DecodePath)>> {
+    ) -> anyhow::Result<Stepped> {
         let _ = (
-            self.wanted,
             self.time_device,
             self.ctx,
             self.prompt,
             self.max_tokens,
             self.stop,
         );
-        Ok(None)
+        Ok(if self.wanted {
+            Stepped::Refused("this build has no GPU backend (cargo feature wgpu or vulkan)".into())
+        } else {
+            Stepped::NotAsked
+        })
     }
 }

@@ -16,7 +16,7 @@ use cubecl::server::Handle;
 
 pub use super::dot::{Word4, split_block};
 use super::fused::StagedSplit;
-pub use super::fused::{FUSED_MAX_IN, Prologue, PrologueInput};
+pub use super::fused::{Prologue, PrologueInput, fused_max_in};
 pub use super::paired::Pairing;
 use super::{contiguous, dot, fused, paired};
 use crate::q8::split::{SPLIT_BLOCK, SPLIT_WORDS};
@@ -218,7 +218,7 @@ pub fn products_per_row(
 /// Enqueues one to three products (as [`products`]) whose `rows` activation rows, of the
 /// weights' width, each cube computes from `input` through `P` ([`Prologue`]) instead of
 /// reading a split: the launch that would have written the split is saved. Compiled for
-/// single rows, as [`products_per_row`], for rows of at most [`FUSED_MAX_IN`] values; `P` is
+/// single rows, as [`products_per_row`], for rows of at most [`fused_max_in`] values; `P` is
 /// part of the kernel, so each prologue compiles its own.
 ///
 /// # Safety
@@ -229,14 +229,14 @@ pub fn products_per_row(
 /// # Errors
 ///
 /// As for [`products`], for the outputs, the addends and `input`'s buffers (shorter than the
-/// lengths given); [`DirectError::Parts`] for rows wider than [`FUSED_MAX_IN`].
+/// lengths given); [`DirectError::Parts`] for rows wider than [`fused_max_in`].
 pub unsafe fn fused_products<P: Prologue>(
     input: PrologueInput<'_>,
     rows: usize,
     parts: &[Product<'_>],
 ) -> Result<(), DirectError> {
     let (client, inp, kernel_parts) = checked(rows, parts)?;
-    check_prologue(&input, inp)?;
+    check_prologue(client, &input, inp)?;
     // SAFETY: `checked` checked the sizes, widths and addends (see `launch`), and the input's
     // buffers hold the lengths given; the caller vouches that `P` reads within them.
     unsafe { fused::launch::<P>(client, input, rows, inp, &kernel_parts) };
@@ -277,7 +277,7 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
     if a.client().name() != b.client().name() {
         return Err(DirectError::Parts("weights on different clients".into()));
     }
-    check_prologue(&input, inp)?;
+    check_prologue(a.client(), &input, inp)?;
     check("split", split, split_words(rows, out))?;
     let buffers = |w: &'a DirectWeight| (&w.values.handle, &w.scales.handle);
     // SAFETY: the shapes (`DirectWeight::new` checked the dtypes and contiguity), the split's
@@ -300,7 +300,7 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
 /// Enqueues one product over a split in memory (as [`product`]) whose cubes fetch their
 /// weights before they copy the split into shared memory, so the wait on the weights overlaps
 /// the split's: for a product whose input a launch just wrote ([`paired_products`]). Rows of at
-/// most [`FUSED_MAX_IN`] values.
+/// most [`fused_max_in`] values.
 ///
 /// # Errors
 ///
@@ -323,12 +323,18 @@ pub fn staged_product(
     unsafe { fused_products::<StagedSplit>(input, rows, &[product]) }
 }
 
-/// Whether a prologue's product takes rows of `inp` values (at most [`FUSED_MAX_IN`]) and
-/// `input`'s buffers hold the lengths it gives.
-fn check_prologue(input: &PrologueInput<'_>, inp: usize) -> Result<(), DirectError> {
-    if inp > FUSED_MAX_IN {
+/// Whether a prologue's product takes rows of `inp` values on `client`'s device (at most
+/// [`fused_max_in`]) and `input`'s buffers hold the lengths it gives.
+fn check_prologue(
+    client: &Client,
+    input: &PrologueInput<'_>,
+    inp: usize,
+) -> Result<(), DirectError> {
+    let widest = fused_max_in(client);
+    if inp > widest {
         return Err(DirectError::Parts(format!(
-            "rows of {inp} values are wider than a fused product takes ({FUSED_MAX_IN})"
+            "rows of {inp} values are wider than a fused product takes on this device \
+             ({widest}: its split must fit the cube's shared memory)"
         )));
     }
     check("prologue input", input.first, input.first_len)?;

@@ -270,9 +270,18 @@ pub(super) fn dot_loaded(
     acc
 }
 
-/// The widest row a fused product takes: its split in shared memory (36 bytes per 16 values)
-/// within 12 KiB, so a cube's shared memory stays within WebGPU's default limit of 16 KiB.
-pub const FUSED_MAX_IN: usize = 5456;
+/// Shared memory a fused product's cube keeps for other than its split (the prologue's
+/// cube-wide sums and maxima).
+const SHARED_RESERVE: usize = 4096;
+
+/// The widest row a fused product takes on `client`'s device: its split in shared memory (36
+/// bytes per 16 values) within the shared memory the device gives a cube, less
+/// [`SHARED_RESERVE`]. 5456 values under WebGPU's default of 16 KiB, 20016 in the 48 KiB of
+/// Vulkan on NVIDIA GPUs (every Qwen2 size up to 14B; 32B's MLP is 27648 wide).
+pub fn fused_max_in(client: &Client) -> usize {
+    let shared = client.properties().hardware.max_shared_memory_size;
+    shared.saturating_sub(SHARED_RESERVE) / 36 * 16
+}
 
 /// The launch shape of a fused product over `out` rows of `inp` values. A lane holds its
 /// blocks of a row in registers from before the prologue, so lanes double from 8 until a lane
@@ -300,7 +309,7 @@ fn shape(out: usize, inp: usize) -> DotTuning {
 /// # Safety
 ///
 /// `P` reads `input`'s buffers within the lengths given for `t` rows of `n`; `n % 16 == 0` and
-/// `n <= FUSED_MAX_IN`; each part is as for [`launch`](super::dot::launch) over `t` rows of `n`
+/// `n <= fused_max_in(client)`; each part is as for [`launch`](super::dot::launch) over `t` rows of `n`
 /// (its addend holding what it says, `y` `t * out` f32); the parts share their kind of addend,
 /// and no part writes a buffer that `input` or another part reads or writes.
 pub(super) unsafe fn launch<P: Prologue>(

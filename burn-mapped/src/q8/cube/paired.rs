@@ -133,7 +133,7 @@ fn lanes(n: usize) -> usize {
 /// # Safety
 ///
 /// `P` reads `input`'s buffers within the lengths given for `t` rows of `n`; `n % 16 == 0`,
-/// `n <= FUSED_MAX_IN`; both weights' values are contiguous I8 `[out, n]` with `out % 16 == 0`
+/// `n <= fused_max_in(client)`; both weights' values are contiguous I8 `[out, n]` with `out % 16 == 0`
 /// and their scales `out` f16; `split` holds `9 * t * out / 16` words and is none of the other
 /// buffers.
 pub(super) unsafe fn launch<P: Prologue, C: Pairing>(

@@ -31,9 +31,10 @@
 //! compilation is most of a short prompt's time to its first token.
 //!
 //! It takes a model whose projections and LM head are q8 with rows of whole dp4a blocks (at
-//! most `FUSED_MAX_IN` values wide) and whose other parameters are `f32`, on a CubeCL device,
-//! its vocabulary matrices whole or in row blocks (a lookup per embedding block, a product and
-//! a copy per head block); anything else decodes through tensor ops.
+//! most `fused_max_in` values wide: what a cube's shared memory holds on the device) and whose
+//! other parameters are `f32`, on a CubeCL device, its vocabulary matrices whole or in row
+//! blocks (a lookup per embedding block, a product and a copy per head block); anything else
+//! decodes through tensor ops, and [`DeviceDecoder::try_new`] says why.
 
 mod kernels;
 #[cfg(test)]
@@ -43,7 +44,7 @@ use burn::tensor::DType;
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, FUSED_MAX_IN, Product, PrologueInput, cube_float, fused_products,
+    Addend, DirectWeight, Product, PrologueInput, cube_float, fused_max_in, fused_products,
     paired_products, product, products_per_row, split_words, staged_product,
 };
 use cubecl::bytes::Bytes;
@@ -78,6 +79,15 @@ pub enum DeviceStepError {
     /// A launch, write or read failed on the device.
     #[error("device step: {0}")]
     Device(String),
+}
+
+/// Why the device step does not take a model (the model then decodes through tensor ops).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DeviceStepRefused(pub String);
+
+fn refused(reason: impl Into<String>) -> DeviceStepRefused {
+    DeviceStepRefused(reason.into())
 }
 
 /// Prompt positions per prefill pass unless [`DeviceDecoder::with_prefill_rows`] says
@@ -295,38 +305,74 @@ fn norm(n: &RmsNorm) -> Option<Norm> {
 
 impl DeviceDecoder {
     /// The decoder for `model` with room for `capacity` positions (prompt plus new tokens),
-    /// or `None` where the model cannot take this path (see the module documentation).
+    /// or `None` where the model cannot take this path (see the module documentation and
+    /// [`try_new`](Self::try_new), which says why).
     pub fn new(model: &Qwen2ForCausalLM, capacity: usize) -> Option<Self> {
+        Self::try_new(model, capacity).ok()
+    }
+
+    /// [`new`](Self::new), or why the model cannot take this path.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceStepRefused`] naming what the step does not take: a projection that is not q8,
+    /// a width past what a fused product stages in the device's shared memory, a head shape.
+    pub fn try_new(model: &Qwen2ForCausalLM, capacity: usize) -> Result<Self, DeviceStepRefused> {
         let m = &model.model;
         if capacity == 0 {
-            return None;
+            return Err(refused("no cache positions were asked for"));
         }
-        let attn = &m.layers.first()?.self_attn;
+        let attn = &m
+            .layers
+            .first()
+            .ok_or_else(|| refused("the model has no layers"))?
+            .self_attn;
         let (heads, kv_heads, head_dim) = (attn.num_heads(), attn.num_kv_heads(), attn.head_dim());
         let [vocab, hidden] = m.embed_tokens.weight.lazy_shape().dims::<2>();
+        let not_f32 = || refused("the embedding is not an f32 matrix on a CubeCL device");
+        let not_q8 = |what: &str| {
+            refused(format!(
+                "{what} is not a q8 matrix on a CubeCL device (the device step runs q8 stores: \
+                 --dtype q8)"
+            ))
+        };
         let (embed, head) = match m.vocab_blocks() {
             Some(blocks) => (
                 match &blocks.embed {
-                    VocabEmbed::RowBlocks(rows) => {
-                        rows.iter().map(f32_matrix).collect::<Option<Vec<_>>>()?
+                    VocabEmbed::RowBlocks(rows) => rows
+                        .iter()
+                        .map(f32_matrix)
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(not_f32)?,
+                    VocabEmbed::Quantized(_) => {
+                        return Err(refused(
+                            "the embedding is quantized GGUF blocks, which the step does not read",
+                        ));
                     }
-                    VocabEmbed::Quantized(_) => return None,
                 },
                 blocks
                     .head
-                    .as_ref()?
+                    .as_ref()
+                    .ok_or_else(|| refused("a head tied to the embedding"))?
                     .iter()
                     .map(q8)
-                    .collect::<Option<Vec<_>>>()?,
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| not_q8("the LM head"))?,
             ),
             None => (
-                vec![f32_matrix(&m.embed_tokens.weight.val())?],
-                vec![q8(model.lm_head.as_ref()?)?],
+                vec![f32_matrix(&m.embed_tokens.weight.val()).ok_or_else(not_f32)?],
+                vec![
+                    q8(model
+                        .lm_head
+                        .as_ref()
+                        .ok_or_else(|| refused("a head tied to the embedding"))?)
+                    .ok_or_else(|| not_q8("the LM head"))?,
+                ],
             ),
         };
         let embed = in_blocks(embed, |t| t.meta.shape().dims::<2>()[0]);
         if head.iter().any(|(_, bias)| bias.is_some()) {
-            return None;
+            return Err(refused("the LM head has a bias"));
         }
         let head = in_blocks(
             head.into_iter().map(|(w, _)| w).collect(),
@@ -335,26 +381,38 @@ impl DeviceDecoder {
         let layers = m
             .layers
             .iter()
-            .map(|l| {
+            .enumerate()
+            .map(|(i, l)| {
                 let a = &l.self_attn;
-                let (q, q_bias) = q8(&a.q_proj)?;
-                let (k, k_bias) = q8(&a.k_proj)?;
-                let (v, v_bias) = q8(&a.v_proj)?;
-                let (o, o_bias) = q8(&a.o_proj)?;
-                let (gate, g_bias) = q8(&l.mlp.gate_proj)?;
-                let (up, u_bias) = q8(&l.mlp.up_proj)?;
-                let (down, d_bias) = q8(&l.mlp.down_proj)?;
+                let q8_of = |p: &Projection, name: &str| {
+                    q8(p).ok_or_else(|| not_q8(&format!("layer {i}'s {name}")))
+                };
+                let (q, q_bias) = q8_of(&a.q_proj, "q_proj")?;
+                let (k, k_bias) = q8_of(&a.k_proj, "k_proj")?;
+                let (v, v_bias) = q8_of(&a.v_proj, "v_proj")?;
+                let (o, o_bias) = q8_of(&a.o_proj, "o_proj")?;
+                let (gate, g_bias) = q8_of(&l.mlp.gate_proj, "gate_proj")?;
+                let (up, u_bias) = q8_of(&l.mlp.up_proj, "up_proj")?;
+                let (down, d_bias) = q8_of(&l.mlp.down_proj, "down_proj")?;
                 if o_bias.is_some() || g_bias.is_some() || u_bias.is_some() || d_bias.is_some() {
-                    return None;
+                    return Err(refused(format!(
+                        "layer {i} has a bias on o_proj or the MLP"
+                    )));
                 }
-                Some((
-                    norm(&l.input_layernorm)?,
-                    norm(&l.post_attention_layernorm)?,
+                let biases = q_bias.zip(k_bias).zip(v_bias).ok_or_else(|| {
+                    refused(format!("layer {i}'s q, k and v projections lack biases"))
+                })?;
+                let norm_of = |n: &RmsNorm| {
+                    norm(n).ok_or_else(|| refused(format!("layer {i}'s norms are not f32")))
+                };
+                Ok((
+                    norm_of(&l.input_layernorm)?,
+                    norm_of(&l.post_attention_layernorm)?,
                     [q, k, v, o, gate, up, down],
-                    [q_bias?, k_bias?, v_bias?],
+                    [biases.0.0, biases.0.1, biases.1],
                 ))
             })
-            .collect::<Option<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         let inter = layers[0].2[4].out_features();
         let dims = Dims {
             hidden,
@@ -379,8 +437,6 @@ impl DeviceDecoder {
             && heads * head_dim == hidden
             && heads.is_multiple_of(kv_heads)
             && head_dim.is_multiple_of(16)
-            && hidden <= FUSED_MAX_IN
-            && inter <= FUSED_MAX_IN
             && inter.is_multiple_of(16)
             && head_dim <= THREADS
             && THREADS.is_multiple_of(head_dim)
@@ -400,9 +456,21 @@ impl DeviceDecoder {
                     .all(|(w, (o, i))| w.out_features() == o && w.in_features() == i)
             });
         if !shapes_fit {
-            return None;
+            return Err(refused(format!(
+                "the model's shapes (hidden {hidden}, {heads} heads of {head_dim}, {kv_heads} \
+                 key/value heads, MLP {inter}, vocabulary {vocab}) are not ones the step's \
+                 kernels take"
+            )));
         }
-        let client = embed.first()?.0.client.clone();
+        let client = embed[0].0.client.clone();
+        let widest_in = fused_max_in(&client);
+        if hidden.max(inter) > widest_in {
+            return Err(refused(format!(
+                "rows of {} values are wider than a fused product stages in this device's \
+                 shared memory ({widest_in} values)",
+                hidden.max(inter)
+            )));
+        }
         let widest = head
             .iter()
             .map(|(w, _)| w.out_features())
@@ -450,11 +518,11 @@ impl DeviceDecoder {
             cos: client.create_from_slice(f32::as_bytes(&cos)),
             sin: client.create_from_slice(f32::as_bytes(&sin)),
         };
-        Some(Self {
+        Ok(Self {
             client,
             layers,
             embed,
-            norm: norm(&m.norm)?,
+            norm: norm(&m.norm).ok_or_else(|| refused("the final norm is not f32"))?,
             head,
             dims,
             buf,
