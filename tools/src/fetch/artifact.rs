@@ -87,3 +87,11 @@ pub const QWEN25_CODER_05B: SplitArtifact = SplitArtifact {
 };
 
 const _: () = assert!(5 * QWEN_PART_SIZE + 45_755_264 == QWEN25_CODER_05B.size);
+
+/// Where [`QWEN25_CODER_05B`] lives on the Hugging Face Hub: Qwen's own GGUF repository. The
+/// content is pinned by the artifact's size and SHA-256, whatever the branch holds.
+pub const QWEN25_CODER_05B_HUB: super::hub::HubFile = super::hub::HubFile {
+    repo: "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    revision: "main",
+    path: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+};

@@ -91,6 +91,22 @@ pub enum FetchError {
         /// Hash of the bytes read.
         found: String,
     },
+    /// No connection to the Hub (or its `HF_ENDPOINT`) could be made.
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable {
+        /// The address asked for.
+        url: String,
+        /// What the connection met.
+        reason: String,
+    },
+    /// The Hub refused the download or the transfer broke off.
+    #[error("downloading {url}: {reason}")]
+    Http {
+        /// The address asked for.
+        url: String,
+        /// The status or the error.
+        reason: String,
+    },
     /// The assembled or cached file has the wrong length.
     #[error("{path} is {found} bytes, expected {expected}")]
     Size {

