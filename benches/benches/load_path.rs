@@ -12,7 +12,7 @@ use std::hint::black_box;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::tensor::Device;
-use burn_mapped::{MANIFEST_FILE, Manifest, MappedRecorder, MappedStore};
+use burn_mapped::{Manifest, MappedRecorder, MappedStore, manifest::MANIFEST_FILE};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
 #[derive(Module, Debug)]

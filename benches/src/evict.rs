@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use burn::tensor::Device;
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::argmax;
 use serde::{Deserialize, Serialize};
 

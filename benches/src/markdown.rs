@@ -8,16 +8,8 @@ use crate::arms::Arm;
 use crate::evict::EvictReport;
 use crate::qwen::QwenSample;
 use crate::report::{Identity, LlamaCpp, QwenReport, Report, SynthReport, Target};
-use crate::stats::Stats;
+use crate::stats::{Stats, gib, mib};
 use crate::summary::{summarize_qwen, summarize_synth};
-
-pub fn mib(bytes: f64) -> String {
-    format!("{:.0} MiB", bytes / (1u64 << 20) as f64)
-}
-
-pub fn gib(bytes: f64) -> String {
-    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
-}
 
 fn ms_cell(s: Option<Stats>) -> String {
     match s {

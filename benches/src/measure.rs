@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use burn_mapped::memstat::{file_pmd_mapped, rss_self};
+use burn_mapped::host::memstat::{file_pmd_mapped, rss_self};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 

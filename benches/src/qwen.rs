@@ -157,7 +157,7 @@ pub fn q8_projections(manifest: &burn_mapped::Manifest) -> Vec<String> {
         .iter()
         .filter(|t| {
             t.quant()
-                .is_some_and(|q| q.scheme == burn_mapped::Q8_ROW_F16)
+                .is_some_and(|q| q.scheme == burn_mapped::manifest::Q8_ROW_F16)
         })
         .filter_map(|t| t.name().strip_suffix(".weight").map(str::to_string))
         .collect();

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use burn_mapped::memstat;
+use burn_mapped::host::memstat;
 
 use crate::arms::Arm;
 use crate::child::ChildSpec;

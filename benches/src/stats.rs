@@ -53,6 +53,16 @@ pub fn paired(num: &[(usize, f64)], den: &[(usize, f64)]) -> Option<Stats> {
     )
 }
 
+/// A byte count in MiB, for tables.
+pub fn mib(bytes: f64) -> String {
+    format!("{:.0} MiB", bytes / (1u64 << 20) as f64)
+}
+
+/// A byte count in GiB, for tables.
+pub fn gib(bytes: f64) -> String {
+    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,7 +78,11 @@ pub fn prepare(files: &ArmFiles, layers: usize, dim: usize) -> Result<()> {
     if let Some(parent) = files.store.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    if !files.store.join(burn_mapped::MANIFEST_FILE).is_file() {
+    if !files
+        .store
+        .join(burn_mapped::manifest::MANIFEST_FILE)
+        .is_file()
+    {
         eprintln!("writing the synthetic store {}", files.store.display());
         let mut writer = StoreWriter::create(&files.store)?;
         let scale = 1.0 / (dim as f32).sqrt();

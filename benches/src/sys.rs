@@ -1,11 +1,11 @@
-//! Page-cache and process probes the harness needs beside `burn_mapped::memstat`: warming and
+//! Page-cache and process probes the harness needs beside `burn_mapped::host::memstat`: warming and
 //! evicting an arm's files, confirming either with `mincore`, and the machine's load.
 
 use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use burn_mapped::memstat;
+use burn_mapped::host::memstat;
 
 /// Every regular file of `path` (a directory, not recursive) or `path` itself.
 pub fn files_of(path: &Path) -> io::Result<Vec<PathBuf>> {
@@ -186,7 +186,7 @@ pub fn other_mappers(dir: &Path) -> io::Result<Vec<u32>> {
 
 /// Fraction of the pages of `ranges` (mappings of this process) in memory, via `mincore`.
 pub fn ranges_residency(ranges: &[Range<usize>]) -> io::Result<f64> {
-    let page = burn_mapped::page_size();
+    let page = burn_mapped::host::page_size();
     let (mut resident, mut total) = (0usize, 0usize);
     let mut vec = Vec::new();
     for r in ranges {

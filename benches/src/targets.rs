@@ -2,10 +2,10 @@
 //! samples (never stored alone), so a corrected definition shows without measuring again.
 
 use crate::arms::Arm;
-use crate::markdown::{gib, mib};
 use crate::qwen::QwenSample;
 use crate::report::{QwenReport, Report, Target};
 use crate::stats::{Stats, paired};
+use crate::stats::{gib, mib};
 use crate::summary::{QwenArmSummary, summarize_qwen};
 
 /// The targets, measured.

@@ -60,7 +60,7 @@ impl MappedStore {
         left_out: &[&str],
     ) -> Result<ApplyResult, StoreError> {
         let dir = self.dir().to_path_buf();
-        crate::device::prepare(&dir, self.manifest(), &module.devices(), left_out)?;
+        crate::placement::prepare(&dir, self.manifest(), &module.devices(), left_out)?;
         let tensors: Vec<PackTensor> = self
             .pack_tensors()
             .iter()

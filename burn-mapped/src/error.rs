@@ -16,7 +16,7 @@ pub enum StoreError {
         /// Underlying error.
         source: io::Error,
     },
-    /// The manifest is larger than [`crate::MAX_MANIFEST_BYTES`].
+    /// The manifest is larger than [`crate::manifest::MAX_MANIFEST_BYTES`].
     #[error("{}: manifest is {len} bytes, over the {max}-byte limit", path.display())]
     ManifestTooLarge {
         /// Manifest path.
@@ -139,7 +139,7 @@ pub enum StoreError {
         tensor: String,
         /// Its number of dimensions.
         rank: usize,
-        /// [`crate::MAX_RANK`].
+        /// [`crate::manifest::MAX_RANK`].
         max: usize,
     },
     /// A checkpoint file to be read in place cannot be opened, locked or mapped.
@@ -376,7 +376,7 @@ pub enum StoreError {
         /// Underlying error.
         source: io::Error,
     },
-    /// The tensors' padded sizes add up past [`MAX_STORE_BYTES`](crate::MAX_STORE_BYTES).
+    /// The tensors' padded sizes add up past [`MAX_STORE_BYTES`](crate::manifest::MAX_STORE_BYTES).
     #[error("tensor `{tensor}`: the store's files add up past {max} bytes")]
     StoreTooLarge {
         /// The tensor at which the sum passed the limit.

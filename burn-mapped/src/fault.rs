@@ -217,12 +217,16 @@ struct DirSlot {
     state: AtomicU8,
     /// NUL-terminated path, or null.
     path: AtomicPtr<u8>,
+    /// Which entries of the directory its owner wrote (and the handler removes): a
+    /// `fn(&[u8]) -> bool` as a pointer, set before `path` is published.
+    written: AtomicPtr<()>,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // the array initializer, each slot its own
 const EMPTY_DIR: DirSlot = DirSlot {
     state: AtomicU8::new(FREE),
     path: AtomicPtr::new(std::ptr::null_mut()),
+    written: AtomicPtr::new(std::ptr::null_mut()),
 };
 
 static DIRS: [DirSlot; DIR_SLOTS] = [EMPTY_DIR; DIR_SLOTS];
@@ -242,11 +246,11 @@ impl std::fmt::Debug for DirRegistration {
     }
 }
 
-/// Asks the handler to remove the store writer's temporary directory `dir` (the files a writer
-/// names, then the directory itself, see [`crate::writer::is_writer_file`]) if a registered mapping faults
+/// Asks the handler to remove the temporary directory `dir` (the entries `written` accepts,
+/// then the directory itself if that empties it) if a registered mapping faults
 /// while it is registered: a conversion whose input is truncated under it leaves nothing
 /// behind. Installs the handler, so a fault in a mapping registered later is reported too.
-pub(crate) fn remove_on_fault(dir: &Path) -> DirRegistration {
+pub(crate) fn remove_on_fault(dir: &Path, written: fn(&[u8]) -> bool) -> DirRegistration {
     use std::os::unix::ffi::OsStrExt;
     INSTALL.call_once(install);
     let mut bytes: Vec<u8> = dir.as_os_str().as_bytes().to_vec();
@@ -264,6 +268,7 @@ pub(crate) fn remove_on_fault(dir: &Path) -> DirRegistration {
             .is_ok()
     });
     if let Some(i) = slot {
+        DIRS[i].written.store(written as *mut (), Ordering::Release);
         DIRS[i].path.store(bytes.as_mut_ptr(), Ordering::Release);
     }
     DirRegistration { slot, _path: bytes }
@@ -283,9 +288,14 @@ fn remove_registered_dirs() {
     for slot in &DIRS {
         let path = slot.path.load(Ordering::Acquire);
         if !path.is_null() {
+            let written = slot.written.load(Ordering::Acquire);
+            // SAFETY: `written` was stored from a `fn(&[u8]) -> bool` before `path` was
+            // published (release/acquire), and function pointers and data pointers have the
+            // same size on the platforms this crate builds for (Unix).
+            let written: fn(&[u8]) -> bool = unsafe { std::mem::transmute(written) };
             // SAFETY: the registration owning this NUL-terminated path outlives its
             // publication in the slot.
-            unsafe { remove_dir_raw(path.cast()) };
+            unsafe { remove_dir_raw(path.cast(), written) };
         }
     }
 }
@@ -293,12 +303,12 @@ fn remove_registered_dirs() {
 /// Buffer for directory entries; used by the one reporting thread only.
 static mut DIRENTS: [u8; 4096] = [0; 4096];
 
-/// Unlinks the writer files in the directory at `path`, then removes it, with system calls
+/// Unlinks the entries `written` accepts in the directory at `path`, then removes it, with system calls
 /// only.
 ///
 /// # Safety
 /// `path` is a valid NUL-terminated string; only the thread that set [`REPORTING`] calls this.
-unsafe fn remove_dir_raw(path: *const libc::c_char) {
+unsafe fn remove_dir_raw(path: *const libc::c_char, written: fn(&[u8]) -> bool) {
     // SAFETY (whole body): plain system calls on a descriptor this function owns, reading
     // `DIRENTS`, which only the reporting thread touches; each record's fields are read
     // within the length the kernel returned.
@@ -333,7 +343,7 @@ unsafe fn remove_dir_raw(path: *const libc::c_char) {
                     while 19 + len < reclen && *name.add(len) != 0 {
                         len += 1;
                     }
-                    if crate::writer::is_writer_file(std::slice::from_raw_parts(name, len)) {
+                    if written(std::slice::from_raw_parts(name, len)) {
                         libc::unlinkat(fd, name.cast(), 0);
                     }
                     at += reclen;

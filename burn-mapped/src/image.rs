@@ -97,7 +97,7 @@ fn round_up(n: u64) -> u64 {
 /// Every step is checked, and the end must fit in `isize`: `build` reserves exactly
 /// `0..end` and maps each file at its slot with `MAP_FIXED`, so a sum that wrapped would map a
 /// file over memory the image does not own. The manifest caps its padded total
-/// ([`MAX_STORE_BYTES`](crate::MAX_STORE_BYTES)), which keeps real stores far from the limit.
+/// ([`MAX_STORE_BYTES`](crate::manifest::MAX_STORE_BYTES)), which keeps real stores far from the limit.
 fn slots(manifest: &Manifest, data_start: u64) -> Result<(Vec<u64>, u64), StoreError> {
     let huge = huge_page_size();
     let mut cursor = data_start;

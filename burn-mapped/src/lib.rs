@@ -37,7 +37,7 @@
 //! # What each backend does with the pages
 //!
 //! Both routes hand the backend the mapped pages; what it does with them depends on the
-//! backend alone, and [`placement_on`] names it as a [`Placement`]. The loaders that see the
+//! backend alone, and [`placement_on`](placement::placement_on) names it as a [`Placement`]. The loaders that see the
 //! module's device ([`MappedRecorder::load_into`], and [`MappedStore`] through `load_from`)
 //! log the placement (target `burn_mapped`, level info) and refuse, with
 //! [`StoreError::DeviceDType`], a stored dtype the device lacks, before reading any tensor
@@ -69,8 +69,8 @@
 //! # Read-only
 //!
 //! Nothing writes mapped bytes: the pages are `PROT_READ`, and Burn's requests for mutable
-//! access either copy first (default) or fail naming the tensor ([`StrictMode`], also set by
-//! `BURN_MAPPED_STRICT=1`). See [`readonly`](crate::StrictMode) and [`MappedFile`] for what
+//! access either copy first (default) or fail naming the tensor ([`readonly::StrictMode`], also set by
+//! `BURN_MAPPED_STRICT=1`). See [`readonly`](crate::readonly::StrictMode) and [`MappedFile`] for what
 //! happens if another program truncates or rewrites a mapped file.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -79,21 +79,20 @@
 pub mod blocks;
 mod burn_store;
 pub mod convert;
-mod device;
 mod dtype;
 mod error;
 mod fault;
 mod generation;
 pub mod gguf;
+pub mod host;
 mod image;
 mod layout;
-mod manifest;
+pub mod manifest;
 mod map;
-pub mod memstat;
-mod placement;
+pub mod placement;
 mod pool;
 pub mod q8;
-mod readonly;
+pub mod readonly;
 mod recorder;
 mod slabs;
 mod store;
@@ -101,24 +100,10 @@ pub mod untrusted;
 pub mod view;
 mod writer;
 
-pub use device::{max_binding, placement_on};
-pub use dtype::{dtype_name, parse_dtype};
 pub use error::{ExpectedLen, StoreError};
-pub use fault::SIGBUS_EXIT_CODE;
-pub use layout::{ALIGNMENT, huge_page_size, padded_len, page_size};
-pub use manifest::{
-    BlockLayout, FORMAT, FORMAT_VERSION, MANIFEST_FILE, MAX_FILE_NAME_BYTES, MAX_MANIFEST_BYTES,
-    MAX_NAME_BYTES, MAX_RANK, MAX_STORE_BYTES, MAX_TENSORS, Manifest, Q8_ROW_F16, QuantLink,
-    TensorEntry,
-};
+pub use manifest::{Manifest, TensorEntry};
 pub use map::MappedFile;
-pub use placement::{Placement, Stager, UnknownPlacement, is_flex, owned_copy};
-/// The host kernels' thread count and the variable that sets it.
-pub use pool::{
-    MAX_THREADS, THREADS_VAR as HOST_THREADS_VAR, ThreadsVarError, threads as host_threads,
-    threads_from_env as host_threads_from_env,
-};
-pub use readonly::{REFUSAL, STRICT_ENV, StrictMode};
+pub use placement::{Placement, Stager};
 pub use recorder::MappedRecorder;
 pub use store::{MappedStore, OpenOptions, verify_dir};
 pub use writer::{Existing, StoreWriter, TensorSink, TensorSpec};

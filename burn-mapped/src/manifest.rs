@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use burn_std::DType;
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::{dtype_name, parse_dtype};
+pub use crate::dtype::{dtype_name, parse_dtype};
 use crate::error::{ExpectedLen, StoreError};
 use crate::gguf::format::{GgmlType, can_dequantize};
-use crate::layout::{ALIGNMENT, padded_len};
+pub use crate::layout::{ALIGNMENT, padded_len};
 
 /// The manifest's file name inside a store directory.
 pub const MANIFEST_FILE: &str = "manifest.json";

@@ -13,6 +13,7 @@
 //! Burn's NdArray backend never asks: it copies borrowed bytes before any op, writes included,
 //! so strict mode has nothing to refuse there (the per-use copy, see the crate docs).
 
+pub use crate::fault::SIGBUS_EXIT_CODE;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 

@@ -168,13 +168,13 @@ impl MappedRecorder {
     /// know the device. Before any tensor byte is read it checks that every stored dtype exists
     /// on the module's devices (an f16 store on NdArray is a typed
     /// [`StoreError::DeviceDType`] here, a panic inside Burn there), and it logs what the
-    /// backend does with the pages ([`placement_on`](crate::placement_on): `map`,
+    /// backend does with the pages ([`placement_on`](crate::placement::placement_on): `map`,
     /// `per-use copy` or `resident`).
     pub fn load_into<M: Module>(&self, module: M, dir: impl AsRef<Path>) -> Result<M, StoreError> {
         let dir = dir.as_ref();
         // One generation for both the check and the record.
         let (image, manifest) = image::build(dir)?;
-        crate::device::prepare(dir, &manifest, &module.devices(), &[])?;
+        crate::placement::prepare(dir, &manifest, &module.devices(), &[])?;
         module
             .try_load_record(self.record_of(image)?)
             .map_err(|e| StoreError::Record(e.to_string()))

@@ -67,45 +67,6 @@ impl OpenOptions {
     pub fn open(self, dir: impl AsRef<Path>) -> Result<MappedStore, StoreError> {
         MappedStore::open_with(dir.as_ref(), self)
     }
-
-    /// Opens the GGUF file at `path` in place (see [`MappedStore::open_gguf`]), naming each
-    /// tensor `rename(gguf_name)` and leaving out those it maps to `None`.
-    ///
-    /// # Errors
-    /// As [`MappedStore::open_gguf`].
-    pub fn open_gguf(
-        self,
-        path: impl AsRef<Path>,
-        rename: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<MappedStore, StoreError> {
-        Ok(self.open_gguf_with_header(path, rename)?.0)
-    }
-
-    /// [`open_gguf`](Self::open_gguf), also returning the parsed header: its vocabulary and
-    /// chat template, for a caller that builds a tokenizer without parsing the file again.
-    ///
-    /// # Errors
-    /// As [`MappedStore::open_gguf`].
-    pub fn open_gguf_with_header(
-        self,
-        path: impl AsRef<Path>,
-        rename: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<(MappedStore, crate::gguf::GgufFile), StoreError> {
-        crate::view::gguf::open(path.as_ref(), self, rename)
-    }
-
-    /// Opens a safetensors checkpoint in place (see [`MappedStore::open_safetensors`]), naming
-    /// each tensor `rename(name)` and leaving out those it maps to `None`.
-    ///
-    /// # Errors
-    /// As [`MappedStore::open_safetensors`].
-    pub fn open_safetensors(
-        self,
-        path: impl AsRef<Path>,
-        rename: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<MappedStore, StoreError> {
-        crate::view::safetensors::open(path.as_ref(), self, rename)
-    }
 }
 
 /// An open store: a validated manifest and one read-only shared mapping per tensor file; or
@@ -145,7 +106,7 @@ impl MappedStore {
     /// names: one read-only shared mapping of the file, every tensor a window onto it at its
     /// offset (see [`crate::view`]). `F32`/`F16`/`BF16` tensors keep their dtype; 2-D tensors
     /// of a block type the block kernels read keep their blocks as `u8` `[rows, row_bytes]`
-    /// with a [`BlockLayout`](crate::BlockLayout) (see [`crate::blocks`]); other block tensors
+    /// with a [`BlockLayout`](crate::manifest::BlockLayout) (see [`crate::blocks`]); other block tensors
     /// are dequantized to `f32` once and listed by [`copied`](Self::copied). The metadata's
     /// scalars are `gguf.<key>` strings in [`manifest`](Self::manifest)`.metadata()`.
     ///
@@ -345,7 +306,7 @@ impl MappedStore {
     /// Rows `rows` of a tensor (its first dimension), as [`tensor_data`](Self::tensor_data)
     /// gives the whole: the mapped pages of just those rows, no copy (an owned copy of them
     /// for a store opened resident). For devices that bind a buffer only up to some size
-    /// ([`max_binding`](crate::max_binding)), a large matrix loads as blocks of rows.
+    /// ([`max_binding`](crate::placement::max_binding)), a large matrix loads as blocks of rows.
     ///
     /// # Errors
     ///

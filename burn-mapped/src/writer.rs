@@ -227,7 +227,7 @@ impl StoreWriter {
         std::fs::create_dir_all(&parent).map_err(dir_io)?;
         clear_abandoned(&parent, &prefix);
         std::fs::create_dir(&tmp).map_err(dir_io)?;
-        let on_fault = crate::fault::remove_on_fault(&tmp);
+        let on_fault = crate::fault::remove_on_fault(&tmp, is_writer_file);
         let lock = File::create_new(tmp.join(WRITER_MARKER))
             .and_then(|_| open_dir(&tmp))
             .and_then(|file| lock(&file, libc::LOCK_EX).map(|()| file));

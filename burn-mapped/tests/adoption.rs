@@ -30,7 +30,7 @@ fn assert_adopted(net: &Net, dir: &std::path::Path) {
             "{path}: storage {range:x?} is not inside a mapping of its file {mappings:x?}"
         );
         assert_eq!(
-            range.start % burn_mapped::page_size(),
+            range.start % burn_mapped::host::page_size(),
             0,
             "{path} not page aligned"
         );
@@ -124,7 +124,7 @@ fn rewriting_a_store_leaves_live_mappings_on_the_old_bytes() {
 #[test]
 fn large_tensors_sit_on_huge_page_boundaries_of_the_image() {
     use burn::tensor::DType;
-    use burn_mapped::{StoreWriter, TensorSpec, huge_page_size};
+    use burn_mapped::{StoreWriter, TensorSpec, host::huge_page_size};
     let huge = huge_page_size() as usize;
     let tmp = tempdir();
     let dir = tmp.path().join("store");
@@ -157,7 +157,7 @@ fn large_tensors_sit_on_huge_page_boundaries_of_the_image() {
                 assert!(flags.split_whitespace().any(|f| f == "hg"), "t{i}: {flags}");
             }
         } else {
-            assert_eq!(start % burn_mapped::ALIGNMENT as usize, 0, "t{i}");
+            assert_eq!(start % burn_mapped::manifest::ALIGNMENT as usize, 0, "t{i}");
         }
     }
     drop(record);

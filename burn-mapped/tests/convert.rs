@@ -299,7 +299,11 @@ fn every_supported_safetensors_dtype_is_stored_byte_for_byte() {
         );
         assert_eq!(entry.param_id(), None);
         let on_disk = std::fs::metadata(dir.join(entry.file())).unwrap().len();
-        assert_eq!(on_disk % burn_mapped::ALIGNMENT, 0, "{name} padded");
+        assert_eq!(
+            on_disk % burn_mapped::manifest::ALIGNMENT,
+            0,
+            "{name} padded"
+        );
     }
     assert_eq!(
         store

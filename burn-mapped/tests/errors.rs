@@ -97,7 +97,7 @@ fn rejects_a_rank_past_the_limit_by_its_rank() {
         StoreError::RankTooHigh { tensor, rank, max } => {
             assert_eq!(
                 (tensor.as_str(), rank, max),
-                ("a.weight", 9, burn_mapped::MAX_RANK)
+                ("a.weight", 9, burn_mapped::manifest::MAX_RANK)
             );
         }
         e => panic!("{e}"),

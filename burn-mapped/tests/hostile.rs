@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::DType;
 use burn_mapped::{
-    Existing, MANIFEST_FILE, Manifest, MappedRecorder, MappedStore, SIGBUS_EXIT_CODE, StoreError,
-    StoreWriter, TensorSpec,
+    Existing, Manifest, MappedRecorder, MappedStore, StoreError, StoreWriter, TensorSpec,
+    manifest::MANIFEST_FILE, readonly::SIGBUS_EXIT_CODE,
 };
 
 fn write_store(dir: &Path, fill: u8, tensors: usize) -> Manifest {
@@ -357,7 +357,7 @@ fn a_manifest_longer_than_the_cap_is_refused_by_the_bytes_read() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     write_store(&dir, 1, 1);
-    let big = vec![b' '; (burn_mapped::MAX_MANIFEST_BYTES + 1) as usize];
+    let big = vec![b' '; (burn_mapped::manifest::MAX_MANIFEST_BYTES + 1) as usize];
     std::fs::write(dir.join(MANIFEST_FILE), big).unwrap();
     assert!(matches!(
         Manifest::read(&dir).unwrap_err(),

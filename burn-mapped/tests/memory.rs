@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::nn::LinearLayout;
 use burn::store::{ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Device, Tensor};
-use burn_mapped::memstat::{file_mappings, rss_self};
+use burn_mapped::host::memstat::{file_mappings, rss_self};
 use burn_mapped::{MappedRecorder, MappedStore};
 use burn_mapped_tests::synthetic::{BIG_DIM, BIG_WEIGHT_BYTES, BigStack, write_big_stack};
 use burn_mapped_tests::tempdir;

@@ -21,10 +21,10 @@ use burn::module::Module;
 use burn::nn::LinearLayout;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped::{
     Manifest, MappedRecorder, MappedStore, Placement, StoreError, StoreWriter, TensorSpec,
-    placement_on,
+    placement::placement_on,
 };
 use burn_mapped_tests::flex::float_param_storage;
 use burn_mapped_tests::maps::inside_a_mapping;
@@ -182,7 +182,7 @@ fn assert_borrowed_at_rest(net: &Net, dir: &Path) {
                 mapped,
                 "{path}: storage {range:x?} is not inside its file mapping"
             );
-            assert_eq!(range.start % burn_mapped::page_size(), 0, "{path}");
+            assert_eq!(range.start % burn_mapped::host::page_size(), 0, "{path}");
         }
     }
 }
@@ -422,7 +422,7 @@ fn both_loaders_log_the_placement_the_device_gives_the_weights() {
 
 /// On a CubeCL device the one copy into device memory is labelled `resident`. Needs a wgpu
 /// adapter (lavapipe in CI); skips without one unless `BURN_MAPPED_REQUIRE_GPU=1`.
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "gpu-tests")]
 #[test]
 fn loading_onto_wgpu_is_logged_as_resident_and_carries_the_file_bytes() {
     let Some(device) = burn_mapped_tests::gpu::wgpu_device() else {

@@ -12,7 +12,7 @@ use burn::tensor::DType;
 use burn_mapped::convert::{CastTo, ConvertError, ConvertOptions, from_burnpack, from_safetensors};
 use burn_mapped::gguf::{GgufConvert, GgufConvertError, MappedGguf, gguf_to_store};
 use burn_mapped::q8::{Q8Error, is_projection_weight, scale_name};
-use burn_mapped::{Manifest, MappedStore, Q8_ROW_F16, StoreError};
+use burn_mapped::{Manifest, MappedStore, StoreError, manifest::Q8_ROW_F16};
 use burn_mapped_tests::numeric::f16_value;
 use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
 use q8_common::Rng;

@@ -10,7 +10,7 @@ use burn_mapped::q8::{
     dequantize_rows, q8_linear, q8_linear_input, quantize_rows, relative_error, scale_name,
     write_q8,
 };
-use burn_mapped::{MappedStore, Q8_ROW_F16, StoreWriter};
+use burn_mapped::{MappedStore, StoreWriter, manifest::Q8_ROW_F16};
 use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight};
 
 /// Flex explicitly: with the `wgpu` feature on, Burn's default device is the GPU.

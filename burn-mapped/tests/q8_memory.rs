@@ -5,7 +5,7 @@
 mod q8_common;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped::q8::{Q8Rows, Q8Weight, q8_linear, write_q8_rows};
 use burn_mapped::{MappedStore, StoreWriter};
 use q8_common::Rng;

@@ -13,7 +13,7 @@
 //! as Mesa 22.3's lavapipe, CubeCL 0.11.3 declares shared memory as a pointer to a pointer
 //! (`spirv-val` rejects the module), and lavapipe crashes compiling our kernels (Burn's own
 //! matmul crashes there as well).
-#![cfg(feature = "wgpu")]
+#![cfg(feature = "gpu-tests")]
 
 mod q8_common;
 

@@ -6,7 +6,7 @@ mod common;
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_mapped::{MappedStore, REFUSAL, StoreError, StrictMode};
+use burn_mapped::{MappedStore, StoreError, readonly::REFUSAL, readonly::StrictMode};
 use common::*;
 
 fn load(dir: &std::path::Path, strict: bool) -> Net {

@@ -10,7 +10,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device, Int, Tensor};
 use burn_mapped::MappedStore;
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped_tests::flex::{flex_storage, float_param_storage};
 use burn_mapped_tests::gguf::{Builder, F16, F32, Q8_0};
 use burn_mapped_tests::maps::{inside_a_mapping, mapped_ranges};
@@ -365,7 +365,10 @@ fn an_in_place_op_on_a_checkpoint_tensor_is_refused_in_strict_mode_and_the_file_
         .cloned()
         .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default();
-    assert!(message.contains(burn_mapped::REFUSAL), "{message}");
+    assert!(
+        message.contains(burn_mapped::readonly::REFUSAL),
+        "{message}"
+    );
     assert!(message.contains("`w`"), "{message}");
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use common::{f32_store, importing, values};
 
 const MIB: f64 = 1024.0 * 1024.0;

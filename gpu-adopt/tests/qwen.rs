@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use burn::store::{ModuleStore, SafetensorsStore};
 use burn::tensor::Device;
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped::{MappedRecorder, MappedStore, Placement};
 use burn_mapped_models::qwen2::{Qwen2Config, Qwen2ForCausalLM, VocabBlocks, VocabEmbed};
 use common::{digest_dir, gpu, importing, open_strict};

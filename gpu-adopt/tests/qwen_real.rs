@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn_mapped::Placement;
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use common::{digest_dir, importing, open_strict};
 use serde_json::Value;
 
@@ -51,7 +51,7 @@ fn store_dir() -> Option<PathBuf> {
             });
             Some(found.map_or(stores, |e| e.path()))
         })?;
-    if dir.join(burn_mapped::MANIFEST_FILE).is_file() {
+    if dir.join(burn_mapped::manifest::MANIFEST_FILE).is_file() {
         return Some(dir);
     }
     assert!(

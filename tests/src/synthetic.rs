@@ -49,7 +49,7 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 /// test can make a store that is consistent but different, as a converter of another version
 /// might. An edit that makes an entry invalid is left for the parser to refuse.
 pub fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let path = dir.join(burn_mapped::MANIFEST_FILE);
+    let path = dir.join(burn_mapped::manifest::MANIFEST_FILE);
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     edit(&mut v);
     std::fs::write(&path, sealed_manifest(&v.to_string())).unwrap();

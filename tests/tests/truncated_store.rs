@@ -1,5 +1,5 @@
 //! A tensor file truncated by another program while `burn-mapped generate` decodes from it:
-//! the process ends with `burn_mapped::SIGBUS_EXIT_CODE` and a line naming the file, not a
+//! the process ends with `burn_mapped::readonly::SIGBUS_EXIT_CODE` and a line naming the file, not a
 //! bare bus error. Runs on a private copy of the real checkpoint's q8 store (converted into the
 //! cache on first use), so the cached store stays intact.
 
@@ -83,7 +83,7 @@ fn generate_ends_naming_the_file_when_a_mapped_tensor_file_is_truncated() {
     drain.join().unwrap().unwrap();
     assert_eq!(
         status.code(),
-        Some(burn_mapped::SIGBUS_EXIT_CODE),
+        Some(burn_mapped::readonly::SIGBUS_EXIT_CODE),
         "{status:?}: {stderr}"
     );
     assert!(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Instant, SystemTime};
 
-use burn_mapped::{Placement, UnknownPlacement};
+use burn_mapped::{Placement, placement::UnknownPlacement};
 use serde::Serialize;
 
 use crate::device::DeviceArg;

@@ -35,9 +35,18 @@ enum Command {
 
 fn main() -> ExitCode {
     let command = Cli::parse().command;
-    // A bad thread count is a usage error, refused before any work (as clap refuses flags).
-    if let Err(e) = burn_mapped::host_threads_from_env() {
-        eprintln!("error: {}", printable(&e.to_string()));
+    // A bad thread count or CPU tier is a usage error, refused before any work (as clap
+    // refuses flags).
+    let usage = burn_mapped::host::threads_from_env()
+        .err()
+        .map(|e| e.to_string())
+        .or_else(|| {
+            burn_mapped::host::cpu_tier_from_env()
+                .err()
+                .map(|e| e.to_string())
+        });
+    if let Some(e) = usage {
+        eprintln!("error: {}", printable(&e));
         return ExitCode::from(2);
     }
     let result = match command {

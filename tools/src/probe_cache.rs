@@ -83,8 +83,15 @@ pub fn store_fingerprint(files: &[PathBuf]) -> Result<String, ProbeError> {
     let manifest = sorted
         .first()
         .and_then(|f| f.parent())
-        .map(|dir| dir.join(burn_mapped::MANIFEST_FILE))
-        .and_then(|path| read_regular(&path, Links::Refuse, burn_mapped::MAX_MANIFEST_BYTES).ok());
+        .map(|dir| dir.join(burn_mapped::manifest::MANIFEST_FILE))
+        .and_then(|path| {
+            read_regular(
+                &path,
+                Links::Refuse,
+                burn_mapped::manifest::MAX_MANIFEST_BYTES,
+            )
+            .ok()
+        });
     for path in &sorted {
         let meta = std::fs::metadata(path).map_err(|source| ProbeError::Open {
             path: (*path).clone(),

@@ -10,7 +10,7 @@ use burn_mapped::gguf::{
     gguf_to_store,
 };
 use burn_mapped::q8::is_projection_weight;
-use burn_mapped::{Existing, MANIFEST_FILE, OpenOptions, StoreError};
+use burn_mapped::{Existing, OpenOptions, StoreError, manifest::MANIFEST_FILE};
 
 use burn_mapped_models::qwen2::hf_name;
 use burn_mapped_models::qwen2::load::Weights;
@@ -150,7 +150,7 @@ impl StoreDType {
     /// The name used on the command line and in store directory names (`f32`, `q8`).
     pub fn tag(self) -> &'static str {
         match self {
-            Self::Float(dtype) => burn_mapped::dtype_name(dtype).unwrap_or("f32"),
+            Self::Float(dtype) => burn_mapped::manifest::dtype_name(dtype).unwrap_or("f32"),
             Self::Q8 => "q8",
             Self::Blocks => "blocks",
         }

@@ -7,7 +7,7 @@
 //! Needs this crate's `wgpu` feature, a wgpu adapter and the checkpoint: without the adapter
 //! or the checkpoint it says so and passes, unless `BURN_MAPPED_REQUIRE_GPU=1` or
 //! `BURN_MAPPED_REQUIRE_REAL=1` (both set by CI, which installs lavapipe).
-#![cfg(feature = "wgpu")]
+#![cfg(feature = "gpu-tests")]
 
 use std::process::Command;
 
@@ -82,7 +82,7 @@ fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
         "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens equal the reference's; \
          model-ready {} ms, decode {} tok/s",
         device.identity().map(|id| id.name),
-        burn_mapped::max_binding(&device),
+        burn_mapped::placement::max_binding(&device),
         summary["model_ready_ms"],
         summary["decode_tokens_per_s"],
     );

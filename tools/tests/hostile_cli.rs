@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
-use burn_mapped::{MANIFEST_FILE, StoreWriter, StrictMode, TensorSpec};
+use burn_mapped::{StoreWriter, TensorSpec, manifest::MANIFEST_FILE, readonly::StrictMode};
 use burn_mapped_tests::synthetic::write_safetensors;
 use burn_mapped_tools::cli::convert::{self, ConvertArgs};
 use burn_mapped_tools::cli::generate::{check_context, sampler_for};
@@ -139,7 +139,7 @@ fn the_strict_variable_is_honoured_without_the_flag() {
             "the_strict_variable_is_honoured_without_the_flag",
         ])
         .env(CHILD, &dir)
-        .env(burn_mapped::STRICT_ENV, "1")
+        .env(burn_mapped::readonly::STRICT_ENV, "1")
         .status()
         .unwrap();
     assert!(status.success());

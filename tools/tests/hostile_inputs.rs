@@ -27,6 +27,22 @@ fn run_in(cwd: &Path, args: &[&str], code: i32) -> Output {
     out
 }
 
+/// `generate --model MODEL --placement map --cache-dir CACHE` and `args`, expecting `code`.
+fn generate(cwd: &Path, model: &str, cache: &Path, args: &[&str], code: i32) -> Output {
+    let cache = cache.to_str().unwrap();
+    let mut all = vec![
+        "generate",
+        "--model",
+        model,
+        "--placement",
+        "map",
+        "--cache-dir",
+        cache,
+    ];
+    all.extend_from_slice(args);
+    run_in(cwd, &all, code)
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -38,24 +54,19 @@ fn write_gguf(path: &Path, dims: TinyDims, seed: u64) {
 
 /// `generate` on `model` with greedy decoding; returns the generated ids.
 fn generated_ids(cwd: &Path, cache: &Path, model: &str) -> Vec<u64> {
-    let out = run_in(
+    let out = generate(
         cwd,
+        model,
+        cache,
         &[
-            "generate",
-            "--model",
-            model,
             "--prompt",
             "hello",
             "--max-tokens",
             "6",
             "--ignore-eos",
             "--json",
-            "--placement",
-            "map",
             "--dtype",
             "f32",
-            "--cache-dir",
-            cache.to_str().unwrap(),
         ],
         0,
     );
@@ -128,21 +139,7 @@ fn a_store_records_its_source_as_an_absolute_path_and_notices_when_it_changes() 
     assert_eq!(from_store, generated_ids(&a, &cache, "model.gguf"));
     // The source replaced by another file: the store refuses, naming both.
     std::fs::copy(b.join("model.gguf"), a.join("model.gguf")).unwrap();
-    let out = run_in(
-        &b,
-        &[
-            "generate",
-            "--model",
-            store_arg,
-            "--prompt",
-            "x",
-            "--placement",
-            "map",
-            "--cache-dir",
-            cache.to_str().unwrap(),
-        ],
-        1,
-    );
+    let out = generate(&b, store_arg, &cache, &["--prompt", "x"], 1);
     let err = stderr(&out);
     assert!(err.contains("has changed since"), "{err}");
     assert!(err.contains(&*recorded.to_string_lossy()), "{err}");
@@ -198,21 +195,11 @@ fn sizes_claimed_by_a_gguf_are_refused_before_they_size_anything() {
     for (i, (dims, expected)) in cases.into_iter().enumerate() {
         let gguf = tmp.path().join(format!("m{i}.gguf"));
         write_gguf(&gguf, dims, 4);
-        let out = run_in(
+        let out = generate(
             tmp.path(),
-            &[
-                "generate",
-                "--model",
-                gguf.to_str().unwrap(),
-                "--prompt",
-                "x",
-                "--max-tokens",
-                "4611686018427387904",
-                "--placement",
-                "map",
-                "--cache-dir",
-                cache.to_str().unwrap(),
-            ],
+            gguf.to_str().unwrap(),
+            &cache,
+            &["--prompt", "x", "--max-tokens", "4611686018427387904"],
             1,
         );
         let err = stderr(&out);
@@ -234,21 +221,11 @@ fn a_cache_larger_than_the_machine_is_refused_not_attempted() {
         ..TinyDims::default()
     };
     write_gguf(&gguf, dims, 5);
-    let out = run_in(
+    let out = generate(
         tmp.path(),
-        &[
-            "generate",
-            "--model",
-            gguf.to_str().unwrap(),
-            "--prompt",
-            "x",
-            "--max-tokens",
-            "16000000",
-            "--placement",
-            "map",
-            "--cache-dir",
-            cache.to_str().unwrap(),
-        ],
+        gguf.to_str().unwrap(),
+        &cache,
+        &["--prompt", "x", "--max-tokens", "16000000"],
         1,
     );
     let err = stderr(&out);
@@ -264,18 +241,53 @@ fn thread_counts_past_the_limit_are_usage_errors() {
         2,
     );
     assert!(stderr(&out).contains("--threads"), "{}", stderr(&out));
+    let err = usage_error(tmp.path(), "BURN_MAPPED_THREADS", "100000");
+    assert!(err.contains("BURN_MAPPED_THREADS"), "{err}");
+}
+
+/// stderr of `inspect` with the variable `var` set to `value`, which must be a usage error
+/// (exit 2) refused before any work.
+fn usage_error(cwd: &Path, var: &str, value: &str) -> String {
     let out = bin()
-        .current_dir(tmp.path())
-        .env("BURN_MAPPED_THREADS", "100000")
+        .current_dir(cwd)
+        .env(var, value)
         .args(["inspect", "no-such-store"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    stderr(&out)
+}
+
+/// `BURN_MAPPED_CPU` pins the CPU kernels' tier: a name that is no tier is a usage error, and a
+/// pinned tier is the one `generate` reports running (the scalar one runs everywhere).
+#[test]
+fn the_cpu_tier_is_pinned_by_name_or_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = usage_error(tmp.path(), "BURN_MAPPED_CPU", "sse9");
     assert!(
-        stderr(&out).contains("BURN_MAPPED_THREADS"),
-        "{}",
-        stderr(&out)
+        err.contains("BURN_MAPPED_CPU=\"sse9\" is not a CPU tier"),
+        "{err}"
     );
+    let gguf = tmp.path().join("model.gguf");
+    write_gguf(&gguf, TinyDims::default(), 8);
+    let out = bin()
+        .current_dir(tmp.path())
+        .env("BURN_MAPPED_CPU", "scalar")
+        .args([
+            "generate",
+            "--model",
+            "model.gguf",
+            "--prompt",
+            "x",
+            "--max-tokens",
+            "2",
+        ])
+        .args(["--json", "--cache-dir", "cache"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["cpu_tier"], "scalar");
 }
 
 /// A converted tiny store under `dir/store`.
@@ -363,7 +375,6 @@ fn misleading_messages_now_say_what_is_wrong() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tiny_store(tmp.path());
     let cache = tmp.path().join("cache");
-    let cache_arg = cache.to_str().unwrap();
     // `--out .` names the current directory.
     let out = run_in(
         tmp.path(),
@@ -376,22 +387,17 @@ fn misleading_messages_now_say_what_is_wrong() {
         stderr(&out)
     );
     // `--ctx` below the prompt is blamed on `--ctx`.
-    let out = run_in(
+    let out = generate(
         tmp.path(),
+        "store",
+        &cache,
         &[
-            "generate",
-            "--model",
-            "store",
             "--prompt",
             "a longer prompt",
             "--ctx",
             "2",
             "--max-tokens",
             "4",
-            "--placement",
-            "map",
-            "--cache-dir",
-            cache_arg,
         ],
         1,
     );
@@ -404,21 +410,11 @@ fn misleading_messages_now_say_what_is_wrong() {
     // (A store format asks for the cache; a GGUF read in place needs none.)
     let file = tmp.path().join("not-a-dir");
     std::fs::write(&file, b"x").unwrap();
-    let out = run_in(
+    let out = generate(
         tmp.path(),
-        &[
-            "generate",
-            "--model",
-            "model.gguf",
-            "--prompt",
-            "x",
-            "--dtype",
-            "f32",
-            "--placement",
-            "map",
-            "--cache-dir",
-            file.to_str().unwrap(),
-        ],
+        "model.gguf",
+        &file,
+        &["--prompt", "x", "--dtype", "f32"],
         1,
     );
     assert!(
@@ -442,21 +438,7 @@ fn misleading_messages_now_say_what_is_wrong() {
         burn_mapped_tests::gguf::Builder::new().kv_str("general.architecture", "qwen2");
     dims_only = dims_only.kv_u64("qwen2.block_count", 0);
     std::fs::write(&bare, dims_only.build()).unwrap();
-    let out = run_in(
-        tmp.path(),
-        &[
-            "generate",
-            "--model",
-            "bare.gguf",
-            "--prompt",
-            "x",
-            "--placement",
-            "map",
-            "--cache-dir",
-            cache_arg,
-        ],
-        1,
-    );
+    let out = generate(tmp.path(), "bare.gguf", &cache, &["--prompt", "x"], 1);
     assert!(stderr(&out).contains("bare.gguf"), "{}", stderr(&out));
 }
 

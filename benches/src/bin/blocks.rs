@@ -323,7 +323,7 @@ fn main() -> Result<()> {
     if a.threads > 0 {
         // SAFETY: no other thread exists yet (burn-mapped's and rayon's pools start on first
         // use, below), so nothing reads the environment concurrently.
-        unsafe { std::env::set_var(burn_mapped::HOST_THREADS_VAR, a.threads.to_string()) };
+        unsafe { std::env::set_var(burn_mapped::host::THREADS_VAR, a.threads.to_string()) };
         rayon::ThreadPoolBuilder::new()
             .num_threads(a.threads)
             .build_global()
@@ -338,7 +338,7 @@ fn main() -> Result<()> {
     let report = Report {
         protocol: PROTOCOL,
         kernel: burn_mapped::blocks::cpu_kernel_name(),
-        threads: burn_mapped::host_threads(),
+        threads: burn_mapped::host::threads(),
         passes: a.passes,
         set_mb: a.set_mb,
         cases: reports,

@@ -195,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
         matrices: a.matrices,
         matrix_mb: (a.out * a.inp) as f64 / 1e6,
         host_threads: match a.threads {
-            0 => burn_mapped::host_threads(),
+            0 => burn_mapped::host::threads(),
             n => n,
         },
         host_kernel: cpu_kernel_name(),

@@ -20,8 +20,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::path::{Component, Path};
 
-// The store manifest and what it uses; `manifest.rs` names them as `crate::{dtype, error,
-// layout}`, so they sit at this crate's root too.
+// The store manifest and what it uses; `manifest.rs` names them as `crate::{dtype, error, // layout}`, so they sit at this crate's root too.
 #[path = "../../src/dtype.rs"]
 #[allow(dead_code, unused_imports)]
 mod dtype;

@@ -34,32 +34,34 @@ pub(super) enum Isa {
 }
 
 impl Isa {
-    /// The best loop this CPU runs (run-time detection).
+    /// The loop of the process's CPU tier ([`crate::host::cpu_tier`]: the best this CPU runs,
+    /// or the one `BURN_MAPPED_CPU` pins).
     pub(super) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
-                    return Isa::Vnni;
-                }
-                return Isa::Avx2;
-            }
+        Self::of(crate::host::cpu_tier())
+    }
+
+    /// The loop of `tier`.
+    fn of(tier: crate::host::CpuTier) -> Self {
+        use crate::host::CpuTier;
+        match tier {
+            CpuTier::Scalar => Isa::Portable,
+            #[cfg(target_arch = "x86_64")]
+            CpuTier::Avx2 => Isa::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            CpuTier::Avx512Vnni => Isa::Vnni,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => Isa::Portable,
         }
-        Isa::Portable
     }
 
     /// Every loop this CPU can run, for tests that hold each to the definition.
     #[cfg(test)]
     pub(super) fn available() -> Vec<Self> {
-        let mut all = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        match Isa::detect() {
-            Isa::Vnni => all.extend([Isa::Avx2, Isa::Vnni]),
-            Isa::Avx2 => all.push(Isa::Avx2),
-            Isa::Portable => {}
-        }
-        all
+        crate::host::CpuTier::ALL
+            .into_iter()
+            .filter(|t| t.supported())
+            .map(Self::of)
+            .collect()
     }
 
     /// Name for reports.
@@ -150,13 +152,13 @@ fn rows_into(p: Product<'_>, isa: Isa, start: usize, rows: usize, dst: &mut [f32
     let (ty, row_bytes) = (p.layout.ty(), p.layout.row_bytes());
     match isa {
         Isa::Portable => portable_rows(p, start, rows, dst),
-        // SAFETY: `Isa::Avx2` comes only from `Isa::detect`, after checking AVX2, FMA and F16C.
+        // SAFETY: `Isa::Avx2` comes only from a tier `CpuTier::supported` found: AVX2, FMA, F16C.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
             super::x86::avx2::rows(ty, p.w, row_bytes, p.acts, p.t, start, rows, p.bias, dst)
         },
-        // SAFETY: `Isa::Vnni` comes only from `Isa::detect`, after checking AVX2, FMA, F16C,
-        // AVX-512 F, BW, VL and VNNI.
+        // SAFETY: `Isa::Vnni` comes only from a tier `CpuTier::supported` found: AVX2, FMA,
+        // F16C, AVX-512 F, BW, VL and VNNI.
         #[cfg(target_arch = "x86_64")]
         Isa::Vnni => unsafe {
             super::x86::vnni::rows(ty, p.w, row_bytes, p.acts, p.t, start, rows, p.bias, dst)

@@ -42,7 +42,7 @@ fn f32_dtype(_split: DType) -> DType {
 ///
 /// The callers check shapes and dtypes first: these methods assume them (a mismatch panics
 /// inside the backend).
-#[backend_extension(Flex, Cube: cfg(feature = "wgpu"), Fusion: cfg(feature = "fusion"))]
+#[backend_extension(Flex, Cube: cfg(feature = "cubecl"), Fusion: cfg(feature = "fusion"))]
 pub(crate) trait Q8Backend: Backend {
     /// `y[t, o] = scales[o] * sum_i x[t, i] * values[o, i]`, launched as `tuning` says.
     #[fusion(dtype = x, shape = output_shape(x, values))]

@@ -45,13 +45,16 @@ pub(super) enum Isa {
 }
 
 impl Isa {
+    /// The loop of the process's CPU tier ([`crate::host::cpu_tier`]); q8 has no AVX-512 loop,
+    /// so that tier runs the AVX2 one.
     pub(super) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx2;
+        match crate::host::cpu_tier() {
+            crate::host::CpuTier::Scalar => Isa::Portable,
+            #[cfg(target_arch = "x86_64")]
+            _ => Isa::Avx2,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => Isa::Portable,
         }
-        Isa::Portable
     }
 }
 
@@ -168,8 +171,8 @@ fn block(
             let xs: [&[f32]; $tt] = std::array::from_fn(x);
             let res = match isa {
                 Isa::Portable => dot_portable::<$r, $tt>(ws, xs),
-                // SAFETY: `Isa::Avx2` is only produced by `Isa::detect` after checking that
-                // the CPU has AVX2 and FMA.
+                // SAFETY: `Isa::Avx2` comes only from a CPU tier the CPU supports
+                // (`CpuTier::supported`: AVX2, FMA and F16C at least).
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => unsafe { avx2::dot::<$r, $tt>(ws, xs, next_block($r)) },
             };
@@ -224,7 +227,7 @@ fn run_one<const TT: usize>(
     let xs: [&[f32]; TT] = std::array::from_fn(|j| &args.x[(t0 + j) * inp..(t0 + j + 1) * inp]);
     let res = match isa {
         Isa::Portable => dot_portable::<1, TT>(ws, xs),
-        // SAFETY: `Isa::Avx2` is only produced after detecting AVX2 and FMA.
+        // SAFETY: `Isa::Avx2` comes only from a CPU tier the CPU supports (AVX2 and FMA).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::dot::<1, TT>(ws, xs, &[]) },
     };

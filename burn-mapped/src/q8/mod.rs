@@ -43,7 +43,7 @@
 
 mod backend;
 mod cpu;
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cubecl")]
 mod cube;
 mod error;
 mod flex;
@@ -56,7 +56,7 @@ mod tuning;
 mod weight;
 
 /// The q8 product on buffers a caller owns, for decode steps recorded as one graph.
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cubecl")]
 pub use cube::direct;
 pub use error::Q8Error;
 pub use input::{Q8Input, q8_linear_input};
@@ -72,7 +72,7 @@ pub use weight::Q8Weight;
 // Knobs for benchmarks and tests, outside the documented API.
 #[doc(hidden)]
 pub use cpu::cpu_kernel_name;
-#[cfg(feature = "wgpu")]
+#[cfg(all(feature = "cubecl", any(test, feature = "gpu-tests")))]
 #[doc(hidden)]
 pub use cube::set_poison_outputs;
 #[doc(hidden)]

@@ -183,7 +183,5 @@ impl Q8Weight {
     }
 }
 
-#[allow(dead_code)]
-fn _assert_f16_is_two_bytes() {
-    const _: () = assert!(std::mem::size_of::<f16>() == 2);
-}
+// The scale column is read as two bytes a row.
+const _: () = assert!(std::mem::size_of::<f16>() == 2);

@@ -4,7 +4,7 @@ use burn::tensor::{DType, Device, Int, Tensor};
 
 use super::error::Q8Error;
 use super::tuning::{CubeLaunch, Tuning};
-use crate::device::is_cube;
+use crate::placement::is_cube;
 
 /// A q8 matrix on a device: int8 values `[out, in]` (dtype I8) and one f16 scale per output
 /// row (`[out]`, dtype F16).
@@ -138,7 +138,7 @@ pub(super) fn planned_launch(
     cube: Option<CubeLaunch>,
 ) -> Option<CubeLaunch> {
     match device.as_dispatch() {
-        #[cfg(feature = "wgpu")]
+        #[cfg(feature = "cubecl")]
         burn::backend::DispatchDevice::Cube(d) => {
             Some(super::cube::launch_on(&d.client(), t, inp, cube))
         }

@@ -110,3 +110,45 @@ impl ViewBuilder {
         ))
     }
 }
+
+/// Opening a checkpoint in place, beside [`OpenOptions::open`] for a store.
+impl OpenOptions {
+    /// Opens the GGUF file at `path` in place (see [`MappedStore::open_gguf`]), naming each
+    /// tensor `rename(gguf_name)` and leaving out those it maps to `None`.
+    ///
+    /// # Errors
+    /// As [`MappedStore::open_gguf`].
+    pub fn open_gguf(
+        self,
+        path: impl AsRef<Path>,
+        rename: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<MappedStore, StoreError> {
+        Ok(self.open_gguf_with_header(path, rename)?.0)
+    }
+
+    /// [`open_gguf`](Self::open_gguf), also returning the parsed header: its vocabulary and
+    /// chat template, for a caller that builds a tokenizer without parsing the file again.
+    ///
+    /// # Errors
+    /// As [`MappedStore::open_gguf`].
+    pub fn open_gguf_with_header(
+        self,
+        path: impl AsRef<Path>,
+        rename: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(MappedStore, crate::gguf::GgufFile), StoreError> {
+        gguf::open(path.as_ref(), self, rename)
+    }
+
+    /// Opens a safetensors checkpoint in place (see [`MappedStore::open_safetensors`]), naming
+    /// each tensor `rename(name)` and leaving out those it maps to `None`.
+    ///
+    /// # Errors
+    /// As [`MappedStore::open_safetensors`].
+    pub fn open_safetensors(
+        self,
+        path: impl AsRef<Path>,
+        rename: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<MappedStore, StoreError> {
+        safetensors::open(path.as_ref(), self, rename)
+    }
+}

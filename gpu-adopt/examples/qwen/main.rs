@@ -18,7 +18,7 @@ mod load;
 use std::time::Instant;
 
 use burn_mapped::MappedStore;
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped_gpu::GpuDevice;
 use serde_json::json;
 

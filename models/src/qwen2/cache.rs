@@ -11,13 +11,11 @@
 //! The price is the memory for `capacity` positions up front; callers size it to what
 //! they will generate (`prompt + max_new_tokens`).
 //!
-//! The host step ([`super::host_step`]) keeps its keys and values in plain `f32` buffers of
+//! The host step keeps its keys and values in plain `f32` buffers of
 //! the same shape instead, made on its first use; a cache continues on the path that filled
 //! it.
 
 use burn::tensor::Tensor;
-
-use super::host_step::HostKv;
 
 /// Cache of past keys and values, created by
 /// [`Qwen2ForCausalLM::new_cache`](crate::qwen2::Qwen2ForCausalLM::new_cache).
@@ -26,7 +24,7 @@ use super::host_step::HostKv;
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<LayerCache>,
-    /// The host step's cache ([`super::host_step`]), made on its first use.
+    /// The host step's cache, made on its first use.
     host: Option<HostKv>,
     /// Whether the cached positions were written by the host step (the two paths keep their
     /// keys and values apart; a cache continues on the path that filled it).
@@ -134,5 +132,46 @@ impl KvCache {
 
     pub(crate) fn advance(&mut self, seq: usize) {
         self.len += seq;
+    }
+}
+
+/// Keys and values of every layer, `[kv_heads, capacity, head_dim]` each, and the step's
+/// scratch buffers, kept between calls so a step allocates no activations.
+#[derive(Debug)]
+pub(crate) struct HostKv {
+    pub(super) k: Vec<Vec<f32>>,
+    pub(super) v: Vec<Vec<f32>>,
+    pub(super) capacity: usize,
+    pub(super) buf: Buffers,
+}
+
+/// The host step's activations, reused from step to step.
+#[derive(Debug, Default)]
+pub(super) struct Buffers {
+    pub(super) x: Vec<f32>,
+    pub(super) h: Vec<f32>,
+    pub(super) q: Vec<f32>,
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
+    pub(super) attn: Vec<f32>,
+    pub(super) o: Vec<f32>,
+    pub(super) gate: Vec<f32>,
+    pub(super) up: Vec<f32>,
+    pub(super) scores: Vec<f32>,
+    pub(super) cos: Vec<f32>,
+    pub(super) sin: Vec<f32>,
+}
+
+impl HostKv {
+    /// Zeroed buffers come from the allocator's fresh (untouched, copy-on-write zero) pages, so
+    /// memory grows with the positions written, not with `capacity`.
+    pub(crate) fn new(layers: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
+        let per_layer = kv_heads * capacity * head_dim;
+        Self {
+            k: (0..layers).map(|_| vec![0f32; per_layer]).collect(),
+            v: (0..layers).map(|_| vec![0f32; per_layer]).collect(),
+            capacity,
+            buf: Buffers::default(),
+        }
     }
 }

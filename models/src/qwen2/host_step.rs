@@ -20,49 +20,10 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_mapped::blocks::{BlockWeight, block_linear_into};
 
+use super::cache::{HostKv, KvCache};
 use super::model::{Qwen2Model, RmsNorm};
 use super::projection::{Projection, block_operands};
 use super::rope;
-
-/// Keys and values of every layer, `[kv_heads, capacity, head_dim]` each, and the step's
-/// scratch buffers, kept between calls so a step allocates no activations.
-#[derive(Debug)]
-pub(crate) struct HostKv {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    capacity: usize,
-    buf: Buffers,
-}
-
-#[derive(Debug, Default)]
-struct Buffers {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    scores: Vec<f32>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-}
-
-impl HostKv {
-    /// Zeroed buffers come from the allocator's fresh (untouched, copy-on-write zero) pages, so
-    /// memory grows with the positions written, not with `capacity`.
-    pub(crate) fn new(layers: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        let per_layer = kv_heads * capacity * head_dim;
-        Self {
-            k: (0..layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..layers).map(|_| vec![0f32; per_layer]).collect(),
-            capacity,
-            buf: Buffers::default(),
-        }
-    }
-}
 
 /// Where the step looks token rows up.
 enum HostEmbed {
@@ -73,7 +34,7 @@ enum HostEmbed {
 }
 
 /// The `f32` host views of the parameters the step reads outside the projections.
-pub(crate) struct HostParams {
+struct HostParams {
     device: Device,
     embed: HostEmbed,
     hidden: usize,
@@ -85,7 +46,7 @@ pub(crate) struct HostParams {
 impl HostParams {
     /// The views, or `None` when the model cannot take the host path (a parameter off Flex, not
     /// `f32`, or not contiguous; vocabulary row blocks).
-    pub(crate) fn new(model: &Qwen2Model) -> Option<Self> {
+    fn new(model: &Qwen2Model) -> Option<Self> {
         let device = model.embed_tokens.weight.lazy_device();
         let [_, hidden] = model.embed_tokens.weight.lazy_shape().dims::<2>();
         let embed = match model.vocab_blocks() {
@@ -127,9 +88,38 @@ fn slice(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>().expect("checked in HostParams::new")
 }
 
+impl Qwen2Model {
+    /// The host step's final-normed hidden states `[1, seq, hidden]` for `ids` after the
+    /// cache's positions, or `None` where tensor ops run instead. A cache continues on the
+    /// path that holds its positions; an empty one takes the host step when it is on, the
+    /// batch is one and the model's parameters allow it.
+    pub(super) fn host_forward(
+        &self,
+        ids: &[i64],
+        batch: usize,
+        cache: &mut KvCache,
+    ) -> Option<Tensor<3>> {
+        let start = cache.len();
+        let params = if start == 0 {
+            (self.host_step_on() && batch == 1)
+                .then(|| HostParams::new(self))
+                .flatten()
+        } else if cache.on_host() {
+            HostParams::new(self)
+        } else {
+            None
+        }?;
+        let attn = &self.layers[0].self_attn;
+        let kv = cache.host(attn.num_kv_heads(), attn.head_dim());
+        let hidden = forward(self, &params, ids, start, kv);
+        cache.advance(ids.len());
+        Some(hidden)
+    }
+}
+
 /// Runs `ids` (one sequence) from position `start`, writing their keys and values into `kv`,
 /// and returns the final-normed hidden states `[ids.len(), hidden]` as a tensor.
-pub(crate) fn forward(
+fn forward(
     model: &Qwen2Model,
     params: &HostParams,
     ids: &[i64],

@@ -26,7 +26,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_mapped::blocks::BlockWeight;
 use burn_mapped::gguf::GgufFile;
 use burn_mapped::q8::scale_name;
-use burn_mapped::{MappedStore, OpenOptions, Placement, Stager, StoreError, is_flex, max_binding};
+use burn_mapped::{
+    MappedStore, OpenOptions, Placement, Stager, StoreError, placement::is_flex,
+    placement::max_binding,
+};
 
 use super::config::{ConfigError, Qwen2Config};
 use super::gguf_names::{config_from_manifest, hf_name};
@@ -284,7 +287,7 @@ fn vocab_tensors(model: &Qwen2ForCausalLM) -> Vec<String> {
 }
 
 /// Rows per block when a vocabulary matrix of the store exceeds the largest buffer `device`
-/// binds ([`burn_mapped::max_binding`]; Mesa's lavapipe: 128 MiB, against the 0.5B model's
+/// binds ([`burn_mapped::placement::max_binding`]; Mesa's lavapipe: 128 MiB, against the 0.5B model's
 /// 545 MB f32 embedding): as many rows as the widest of them fits in one binding. `None`
 /// when every one binds whole, or the device sets no limit.
 fn vocab_block_rows(

@@ -2,8 +2,9 @@
 
 mod cache;
 mod config;
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cubecl")]
 mod device_step;
+mod generate;
 mod gguf_names;
 mod host_step;
 pub mod load;
@@ -18,12 +19,13 @@ pub use config::{
     ConfigError, MAX_CONTEXT, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB,
     Qwen2Config,
 };
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cubecl")]
 pub use device_step::{DeviceDecoder, DeviceStepError, DeviceStepRefused};
+pub use generate::GenerateError;
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};
 pub use model::{
     Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm, WeightKind,
 };
 pub use projection::{BlockLinear, Projection, Q8Linear};
-pub use sampling::{GenerateError, Sampler, Sampling, SamplingError, argmax};
+pub use sampling::{Sampler, Sampling, SamplingError, argmax};
 pub use vocab::{VocabBlocks, VocabBlocksError, VocabEmbed};

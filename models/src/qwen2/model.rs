@@ -13,7 +13,6 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
-use super::host_step::{self, HostParams};
 use super::projection::{BlockLinear, Projection, Q8Linear};
 use super::rope::RopeTables;
 use super::vocab::{VocabBlocks, VocabBlocksError};
@@ -88,7 +87,7 @@ pub enum WeightKind {
     /// A q8 matrix with per-row scales.
     Q8,
     /// GGUF blocks, as the checkpoint holds them.
-    Blocks(burn_mapped::BlockLayout),
+    Blocks(burn_mapped::manifest::BlockLayout),
 }
 
 /// Why a forward pass was refused.
@@ -155,7 +154,7 @@ impl Qwen2Config {
                 WeightKind::Blocks(layout)
             } else if entry
                 .quant()
-                .is_some_and(|link| link.scheme == burn_mapped::Q8_ROW_F16)
+                .is_some_and(|link| link.scheme == burn_mapped::manifest::Q8_ROW_F16)
             {
                 WeightKind::Q8
             } else {
@@ -301,7 +300,7 @@ impl Qwen2ForCausalLM {
     }
 
     /// Whether generation may take the device step.
-    #[cfg(feature = "wgpu")]
+    #[cfg(feature = "cubecl")]
     pub(crate) fn device_step(&self) -> bool {
         self.model.device_step
     }
@@ -371,22 +370,7 @@ impl Qwen2Model {
         let ids = self.check_input(&tokens, cache)?;
         let start = cache.len();
         let device = tokens.device();
-        // A cache continues on the path that holds its positions; an empty one takes the host
-        // step when it is on and the model can run it.
-        let host = if start == 0 {
-            (self.host_step && batch == 1)
-                .then(|| HostParams::new(self))
-                .flatten()
-        } else if cache.on_host() {
-            HostParams::new(self)
-        } else {
-            None
-        };
-        if let Some(params) = host {
-            let attn = &self.layers[0].self_attn;
-            let kv = cache.host(attn.num_kv_heads, attn.head_dim);
-            let hidden = host_step::forward(self, &params, &ids, start, kv);
-            cache.advance(seq);
+        if let Some(hidden) = self.host_forward(&ids, batch, cache) {
             return Ok(hidden);
         }
 
@@ -422,6 +406,11 @@ impl Qwen2Model {
 
     pub(crate) fn rope_theta(&self) -> f64 {
         self.rope_theta
+    }
+
+    /// Whether the model was built to take the host step where it can.
+    pub(super) fn host_step_on(&self) -> bool {
+        self.host_step
     }
 
     /// The token ids, row-major, once they are known to fit the cache and the vocabulary.

@@ -136,7 +136,7 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         }
         Some(StoreDType::Blocks) => {}
         Some(StoreDType::Float(dtype)) => {
-            let target = burn_mapped::dtype_name(dtype)
+            let target = burn_mapped::manifest::dtype_name(dtype)
                 .and_then(|name| name.parse::<CastTo>().ok())
                 .ok_or_else(|| anyhow!("cannot store floats as {dtype:?}"))?;
             options = options.cast(target);

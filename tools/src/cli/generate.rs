@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use burn_mapped::memstat::rss_self;
+use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::load::load;
 use burn_mapped_models::qwen2::{Sampler, Sampling, SamplingError};
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
@@ -125,6 +125,9 @@ struct Summary {
     rss_file_bytes: u64,
     /// `device step (recorded)`, `device step (launched)` or `tensor ops`.
     decode_path: &'static str,
+    /// The CPU kernels' tier (`scalar`, `avx2`, `avx512vnni`: the best this CPU runs, or
+    /// `BURN_MAPPED_CPU`'s), which the host's products run.
+    cpu_tier: &'static str,
     /// Why the device step did not take the model, where it was asked for and refused.
     device_step_refused: Option<String>,
     /// Kernel launches per token of the device step.
@@ -245,7 +248,7 @@ pub fn parse_store_dtype(name: &str) -> anyhow::Result<qwen::StoreDType> {
 /// GGUF is read in place (its blocks read by the block products), q8 elsewhere (the device
 /// step's store).
 pub fn default_store_dtype(device: &burn::tensor::Device) -> Option<qwen::StoreDType> {
-    (!burn_mapped::is_flex(device)).then_some(qwen::StoreDType::Q8)
+    (!burn_mapped::placement::is_flex(device)).then_some(qwen::StoreDType::Q8)
 }
 
 /// Runs `generate`.
@@ -337,7 +340,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut on_token = on_token;
     let step = DeviceRun {
         // Only CubeCL devices run the step; asked on the CPU, it would only say so.
-        wanted: !args.no_device_step && !burn_mapped::is_flex(&device),
+        wanted: !args.no_device_step && !burn_mapped::placement::is_flex(&device),
         time_device: args.device_time,
         ctx,
         prompt: &prompt_ids,
@@ -376,7 +379,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         store: weights.display().to_string(),
         placement: placement.name(),
         device: args.place.device.name(),
-        strict: loaded.store.strict() == burn_mapped::StrictMode::Strict,
+        strict: loaded.store.strict() == burn_mapped::readonly::StrictMode::Strict,
         placement_decision: decision,
         staged_bytes: loaded.stager.as_ref().map_or(0, |s| s.staged_bytes()),
         interrupted: crate::interrupt::interrupted(),
@@ -398,6 +401,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         rss_anon_bytes: rss.anon,
         rss_file_bytes: rss.file,
         decode_path: path.name,
+        cpu_tier: burn_mapped::host::cpu_tier().name(),
         device_step_refused,
         launches_per_token: path.launches_per_token,
         host_us_per_token: path.host_us_per_token,

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use burn_mapped::{ALIGNMENT, FORMAT, FORMAT_VERSION, Manifest};
+use burn_mapped::{Manifest, manifest::ALIGNMENT, manifest::FORMAT, manifest::FORMAT_VERSION};
 
 use crate::text::printable;
 use indicatif::HumanBytes;
@@ -155,6 +155,9 @@ pub struct InspectReport {
     pub quant_error: Option<QuantErrorSummary>,
     /// Tensors in manifest order.
     pub tensors: Vec<TensorRow>,
+    /// The CPU kernels' tier this process would run the store's products with (the best this
+    /// CPU runs, or `BURN_MAPPED_CPU`'s).
+    pub cpu_tier: String,
 }
 
 /// Reads and validates the manifest of the store at `dir` (tensor files are not opened).
@@ -196,6 +199,7 @@ pub fn report(dir: &Path) -> anyhow::Result<InspectReport> {
         metadata: manifest.metadata().clone(),
         quant_error: quant_error_summary(&manifest),
         tensors,
+        cpu_tier: burn_mapped::host::cpu_tier().name().to_string(),
     })
 }
 
@@ -278,6 +282,12 @@ pub fn render_table(report: &InspectReport) -> String {
     if let Some(summary) = &report.quant_error {
         let _ = writeln!(out, "{}", quant_error_line(summary));
     }
+    let _ = writeln!(
+        out,
+        "CPU kernels: {} ({} pins a tier)",
+        report.cpu_tier,
+        burn_mapped::host::CPU_VAR
+    );
     if !report.metadata.is_empty() {
         out.push_str("metadata:\n");
         for (k, v) in &report.metadata {

@@ -30,7 +30,7 @@ pub struct ProbeArgs {
     /// Discarded warm-up passes per arm (at least 1; the first is the coexistence pass).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// Reader threads (default: available parallelism), 1 to `burn_mapped::MAX_THREADS`.
+    /// Reader threads (default: available parallelism), 1 to `burn_mapped::host::MAX_THREADS`.
     #[arg(long, value_parser = parse_threads)]
     pub threads: Option<NonZeroUsize>,
     /// Tie band for the verdict.
@@ -207,15 +207,15 @@ fn plot(path: &Path, report: &ProbeReport, verdict: &Verdict) -> anyhow::Result<
     Ok(())
 }
 
-/// A thread count from 1 to [`burn_mapped::MAX_THREADS`].
+/// A thread count from 1 to [`burn_mapped::host::MAX_THREADS`].
 fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     text.parse::<NonZeroUsize>()
         .ok()
-        .filter(|n| n.get() <= burn_mapped::MAX_THREADS)
+        .filter(|n| n.get() <= burn_mapped::host::MAX_THREADS)
         .ok_or_else(|| {
             format!(
                 "expected a thread count from 1 to {}",
-                burn_mapped::MAX_THREADS
+                burn_mapped::host::MAX_THREADS
             )
         })
 }

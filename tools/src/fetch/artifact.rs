@@ -90,8 +90,32 @@ const _: () = assert!(5 * QWEN_PART_SIZE + 45_755_264 == QWEN25_CODER_05B.size);
 
 /// Where [`QWEN25_CODER_05B`] lives on the Hugging Face Hub: Qwen's own GGUF repository. The
 /// content is pinned by the artifact's size and SHA-256, whatever the branch holds.
-pub const QWEN25_CODER_05B_HUB: super::hub::HubFile = super::hub::HubFile {
+pub const QWEN25_CODER_05B_HUB: HubFile = HubFile {
     repo: "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
     revision: "main",
     path: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
 };
+
+/// Where a file lives on the Hub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubFile {
+    /// `owner/name` of the model repository.
+    pub repo: &'static str,
+    /// The revision asked for (a branch or a commit).
+    pub revision: &'static str,
+    /// The file's path in the repository.
+    pub path: &'static str,
+}
+
+impl HubFile {
+    /// `<endpoint>/<repo>/resolve/<revision>/<path>`, the Hub's download address.
+    pub fn url(&self, endpoint: &str) -> String {
+        format!(
+            "{}/{}/resolve/{}/{}",
+            endpoint.trim_end_matches('/'),
+            self.repo,
+            self.revision,
+            self.path
+        )
+    }
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::artifact::SplitArtifact;
+use super::artifact::{HubFile, SplitArtifact};
 use super::error::{FetchError, io_err};
 
 /// The Hub's address; `HF_ENDPOINT` (the Hub's own tools read it too) replaces it, for a mirror
@@ -21,30 +21,6 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the Hub may take to answer a request, once connected.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Where a file lives on the Hub.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HubFile {
-    /// `owner/name` of the model repository.
-    pub repo: &'static str,
-    /// The revision asked for (a branch or a commit).
-    pub revision: &'static str,
-    /// The file's path in the repository.
-    pub path: &'static str,
-}
-
-impl HubFile {
-    /// `<endpoint>/<repo>/resolve/<revision>/<path>`, the Hub's download address.
-    pub fn url(&self, endpoint: &str) -> String {
-        format!(
-            "{}/{}/resolve/{}/{}",
-            endpoint.trim_end_matches('/'),
-            self.repo,
-            self.revision,
-            self.path
-        )
-    }
-}
 
 /// The endpoint to use: `HF_ENDPOINT` when set, else [`DEFAULT_ENDPOINT`].
 pub fn endpoint() -> String {

@@ -30,10 +30,11 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub use artifact::HubFile;
 pub use artifact::{QWEN25_CODER_05B, QWEN25_CODER_05B_HUB, SplitArtifact, WheelPart};
 pub use error::FetchError;
 use error::io_err;
-pub use hub::{DEFAULT_ENDPOINT, HubFile, endpoint as hub_endpoint};
+pub use hub::{DEFAULT_ENDPOINT, endpoint as hub_endpoint};
 use verify::{cached_file_is_valid, check_hash, check_size, write_marker};
 use wheel::{append_part, pip_download};
 

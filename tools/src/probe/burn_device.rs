@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::{AllocationProperty, Bytes, DType, Device, Int, Tensor, TensorData};
-use burn_mapped::{Placement, Stager, is_flex};
+use burn_mapped::{Placement, Stager, placement::is_flex};
 use memmap2::Mmap;
 
 use super::{ArmReport, ProbeError, ProbeReport, Residency, file_residency, median};
@@ -138,6 +138,7 @@ pub fn probe_on(
     };
     Ok(ProbeReport {
         device: format!("{name} (burn)"),
+        cpu_tier: None,
         file_count: sources.len(),
         working_set_bytes: w,
         threads: 1,

@@ -173,6 +173,7 @@ pub fn probe_cpu(paths: &[PathBuf], config: &CpuProbeConfig) -> Result<ProbeRepo
     };
     Ok(ProbeReport {
         device: "cpu".to_owned(),
+        cpu_tier: Some(burn_mapped::host::cpu_tier().name().to_owned()),
         file_count: files.len(),
         working_set_bytes: w,
         threads,

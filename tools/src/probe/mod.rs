@@ -71,6 +71,10 @@ pub struct ArmReport {
 pub struct ProbeReport {
     /// The device probed, e.g. `"cpu"`.
     pub device: String,
+    /// On the CPU, the tier of kernels this process runs (the best this CPU runs, or
+    /// `BURN_MAPPED_CPU`'s); the probe itself reads bytes, the same on every tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_tier: Option<String>,
     pub file_count: usize,
     /// `W`: total bytes of the probed files, each counted once per pass.
     pub working_set_bytes: u64,
@@ -308,7 +312,7 @@ pub fn tensor_files_in(dir: &Path) -> Result<Vec<PathBuf>, ProbeError> {
         return Ok(vec![dir.to_path_buf()]);
     }
     let mut files = Vec::new();
-    if dir.join(burn_mapped::MANIFEST_FILE).exists() {
+    if dir.join(burn_mapped::manifest::MANIFEST_FILE).exists() {
         let manifest = burn_mapped::Manifest::read(dir).map_err(|source| ProbeError::Manifest {
             dir: dir.to_path_buf(),
             source: Box::new(source),

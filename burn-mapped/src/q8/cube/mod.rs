@@ -26,6 +26,7 @@ mod fma;
 mod fused;
 mod paired;
 
+#[cfg(any(test, feature = "gpu-tests"))]
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::{DType, Shape};
@@ -34,6 +35,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::client::Client;
+#[cfg(any(test, feature = "gpu-tests"))]
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -41,11 +43,13 @@ use super::backend::Q8Backend;
 use super::split::{SPLIT_BLOCK, SPLIT_WORDS};
 use super::tuning::{CubeLaunch, CubeTuning, DotTuning, TILE, Tuning};
 
+#[cfg(any(test, feature = "gpu-tests"))]
 static POISON: AtomicBool = AtomicBool::new(false);
 
 /// Makes the GPU kernels fill their output with NaN before writing it, so an element a
-/// kernel misses reads as NaN instead of stale memory. Costs one upload per call; for tests
-/// and debugging. (The host kernel always starts from NaN: its buffer is fresh anyway.)
+/// kernel misses reads as NaN instead of stale memory. Costs one upload per call; tests only.
+/// (The host kernel always starts from NaN: its buffer is fresh anyway.)
+#[cfg(any(test, feature = "gpu-tests"))]
 pub fn set_poison_outputs(on: bool) {
     POISON.store(on, Ordering::Relaxed);
 }
@@ -87,11 +91,11 @@ fn contiguous(t: &CubeTensor) -> CubeTensor {
 
 /// The product's output `[t, out]` f32: uninitialized, or NaN when outputs are poisoned.
 fn output(client: &Client, t: usize, out: usize) -> Handle {
+    #[cfg(any(test, feature = "gpu-tests"))]
     if POISON.load(Ordering::Relaxed) {
-        client.create_from_slice(f32::as_bytes(&vec![f32::NAN; t * out]))
-    } else {
-        client.empty(t * out * size_of::<f32>())
+        return client.create_from_slice(f32::as_bytes(&vec![f32::NAN; t * out]));
     }
+    client.empty(t * out * size_of::<f32>())
 }
 
 fn run(

@@ -37,7 +37,7 @@
 //! decodes through tensor ops, and [`DeviceDecoder::try_new`] says why.
 
 mod kernels;
-#[cfg(test)]
+#[cfg(all(test, feature = "gpu-tests"))]
 mod tests;
 
 use burn::tensor::DType;

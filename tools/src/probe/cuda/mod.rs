@@ -67,6 +67,7 @@ pub fn probe_cuda(paths: &[PathBuf], config: &CudaProbeConfig) -> Result<CudaPro
 
     let mut report = ProbeReport {
         device: format!("cuda:{}", config.device),
+        cpu_tier: None,
         file_count: files.len(),
         working_set_bytes: w,
         threads: config.threads,
