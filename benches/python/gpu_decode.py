@@ -113,6 +113,17 @@ def first_token(args, arm, prompt_tokens, text=None):
             "prompt_tokens": rec["prompt_tokens"]}
 
 
+def cache_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def stats(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -135,13 +146,25 @@ def main():
     p.add_argument("--long-prompt", type=int, default=40,
                    help="first token also for the sentence repeated this many times (0: not)")
     p.add_argument("--json")
+    p.add_argument("--label", help="what the GGUF is, recorded as given (model, size, weights)")
+    p.add_argument("--commit", help="burn-mapped's commit, recorded as given")
+    p.add_argument("--gpu", help="the GPU and driver, recorded as given")
     args = p.parse_args()
     arms = args.arms.split(",")
-    # Untimed: converts the stores and compiles the kernels' pipelines once.
+    # First use, one process per dtype on a fresh cache: converts the store, compiles the
+    # kernels' pipelines and reaches the first token. Its wall time and the bytes it wrote.
+    first_use = {}
     for arm in arms:
-        if arm.startswith("q8") or arm.startswith("f32"):
+        dtype = arm.split("-")[0]
+        if dtype in ("q8", "f32") and dtype not in first_use:
+            before = cache_bytes(args.cache_dir)
             cmd_args = argparse.Namespace(**{**vars(args), "tokens": 2})
-            run_burn(cmd_args, *burn_arm(arm))
+            rec = run_burn(cmd_args, *burn_arm(arm))
+            first_use[dtype] = {"wall_s": rec["wall_s"],
+                                "bytes_written": cache_bytes(args.cache_dir) - before}
+            print(f"first use {dtype}: {rec['wall_s']:.1f} s, "
+                  f"{first_use[dtype]['bytes_written'] / 1e9:.2f} GB written",
+                  file=sys.stderr, flush=True)
     records = {arm: [] for arm in arms}
     firsts = {arm: [] for arm in arms}
     firsts_long = {arm: [] for arm in arms}
@@ -210,7 +233,13 @@ def main():
             a, b = records[step][0]["generated_ids"], records[ops][0]["generated_ids"]
             same[f"{step}_vs_{ops}_equal_prefix".replace("-", "_")] = next(
                 (i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    out = {"tokens": args.tokens, "rounds": args.rounds, "gguf": args.gguf,
+    build = next((r.get("build") for a in arms if a.startswith("llama")
+                  for r in records[a]), None)
+    out = {"label": args.label, "commit": args.commit, "gpu": args.gpu, "weights": "random",
+           "llama_cpp": {"build_commit": build, "version": "llama-cpp-python 0.3.36 vendor",
+                         "flags": "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"},
+           "first_use": first_use,
+           "tokens": args.tokens, "rounds": args.rounds, "gguf": args.gguf,
            "prompt_tokens": prompt_tokens, "long_prompt_tokens": long_tokens,
            "records": records, "first_token": firsts, "first_token_long": firsts_long,
            "summary": summary, "ratios_to_llama_cpp_best": ratios, **same}

@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# Single-stream decode on one GPU host, side by side in one call (benches/python/gpu_decode.py):
-# `burn-mapped generate --device vulkan` on the q8 store through the device step (with its device
-# time per token, `--device-time`) and through tensor ops, and on the f32 store, against
-# llama.cpp CUDA's `llama-bench -ngl 99 -p 0 -n 128`
-# with flash attention off and on, all on one speed-test GGUF (decode speed does not depend on
-# the weights' values). The host needs no network and no Rust toolchain; DEVRUN is a folder of:
+# Single-stream decode on one GPU host, both model sizes, side by side in one call
+# (benches/python/gpu_decode.py): `burn-mapped generate --device vulkan` on the q8 store through
+# the device step (with its device time per token, `--device-time`) and through tensor ops, and
+# on the f32 store, against llama.cpp CUDA's `llama-bench -ngl 99 -p 0 -n 128` with flash
+# attention off and on, each on a speed-test GGUF (decode speed does not depend on the weights'
+# values; benches/python/speed_gguf.py fills a real header with random blocks):
+#
+#   0.5b  Qwen2.5-Coder-0.5B-Instruct Q4_K_M: the checkpoint's first 5,947,776 bytes
+#   7b    DeepSeek-R1-Distill-Qwen-7B Q4_K_M (Qwen2: hidden 3584, MLP 18944, GQA 28/4):
+#         benches/data/deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.xz
+#
+# The host needs no network and no Rust toolchain; DEVRUN is a folder of:
 #
 #   burn-mapped-vulkan.xz   cargo build --release -p burn-mapped-tools --bin burn-mapped \
 #                               --features vulkan,burn-mapped/fusion   (stripped, xz)
-#   header.gguf.xz          the checkpoint's first 5,947,776 bytes (its header)
-#   speed_gguf.py           fills a full-size GGUF from that header with random blocks
+#   header.gguf.xz          the 0.5B checkpoint's header (above)
 #   gguf-*.whl              the `gguf` Python package speed_gguf.py imports
-#   llama.tar.xz            llama-cpp-python's vendor/llama.cpp (without models, docs, tests,
-#                           examples)
+#   llama.tar.xz            llama-cpp-python 0.3.36's vendor/llama.cpp (without models, docs,
+#                           tests, examples)
 #   gl/*.deb                a Vulkan loader for hosts without one (libvulkan1 libegl1 libglvnd0
 #                           libopengl0 libgl1 libglx0 libgles2)
 #
-#   DEVRUN=target/devrun OUT=h200-out bash benches/scripts/h200_decode.sh
+#   COMMIT=$(git rev-parse --short HEAD) DEVRUN=target/devrun OUT=h200-out \
+#     bash benches/scripts/h200_decode.sh
+#
+# SIZES (default "0.5b 7b"), TOKENS (128), ROUNDS (3); ARMS_0_5B and ARMS_7B pick the arms.
 set -u
 devrun="${DEVRUN:-target/devrun}"
 out="${OUT:-$PWD/h200-out}"
@@ -43,21 +51,39 @@ mkdir -p "$work/llama"
    && cmake --build "$work/llama/build" --target llama-bench -j 16)) > "$out/llama-build.log" 2>&1 &
 build=$!
 
-echo "== speed-test GGUF ($(date -u +%T))"
+echo "== speed-test GGUFs ($(date -u +%T))"
 python3 -m pip install --no-index --no-deps -q "$devrun"/gguf-*.whl
-xz -dc "$devrun/header.gguf.xz" > "$work/header.gguf"
-# A failed fill would leave the header's zeros as weights: stop rather than time those.
-python3 "$devrun/speed_gguf.py" "$work/header.gguf" "$work/speed.gguf" 491400064 \
-  || { echo "speed_gguf.py failed"; exit 1; }
 xz -dc "$devrun/burn-mapped-vulkan.xz" > "$work/burn-mapped"
 chmod +x "$work/burn-mapped"
+sizes="${SIZES:-0.5b 7b}"
+for size in $sizes; do
+  case "$size" in
+    0.5b) header="$devrun/header.gguf.xz"; total=491400064 ;;
+    7b) header=benches/data/deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.xz; total=4683073248 ;;
+    *) echo "unknown size $size"; exit 1 ;;
+  esac
+  xz -dc "$header" > "$work/header-$size.gguf"
+  # A failed fill would leave the header's zeros as weights: stop rather than time those.
+  python3 benches/python/speed_gguf.py "$work/header-$size.gguf" "$work/speed-$size.gguf" "$total" \
+    || { echo "speed_gguf.py failed"; exit 1; }
+done
 
 wait "$build"
 echo "llama.cpp build exit $? ($(date -u +%T))"
 tail -3 "$out/llama-build.log"
+gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 
-echo "== decode ($(date -u +%T))"
-python3 benches/python/gpu_decode.py --bin "$work/burn-mapped" --llama-bench "$bench" \
-  --gguf "$work/speed.gguf" --tokens "${TOKENS:-128}" --rounds "${ROUNDS:-3}" \
-  --cache-dir "$work/cache" --json "$out/gpu-decode.json"
-echo "decode exit $? ($(date -u +%T))"
+for size in $sizes; do
+  case "$size" in
+    0.5b) arms="${ARMS_0_5B:-q8-step,q8-ops,f32-ops,llama-fa0,llama-fa1}"
+          label="Qwen2.5-Coder-0.5B-Instruct Q4_K_M, random blocks" ;;
+    7b) arms="${ARMS_7B:-q8-step,llama-fa0,llama-fa1}"
+        label="DeepSeek-R1-Distill-Qwen-7B Q4_K_M (Qwen2), random blocks" ;;
+  esac
+  echo "== decode $size ($(date -u +%T))"
+  python3 benches/python/gpu_decode.py --bin "$work/burn-mapped" --llama-bench "$bench" \
+    --gguf "$work/speed-$size.gguf" --tokens "${TOKENS:-128}" --rounds "${ROUNDS:-3}" \
+    --arms "$arms" --cache-dir "$work/cache-$size" --label "$label" \
+    --commit "${COMMIT:-unknown}" --gpu "$gpu" --json "$out/gpu-decode-$size.json"
+  echo "decode $size exit $? ($(date -u +%T))"
+done

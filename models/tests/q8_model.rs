@@ -190,7 +190,7 @@ fn the_float_init_is_unchanged_without_q8_tensors() {
 /// device) against the same q8 model on the host: the logits of the prompt's last position
 /// within the 16-bit activation split's rounding, and the greedy tokens equal, recorded and
 /// launched alike, and through `generate`.
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "gpu-tests")]
 #[test]
 fn the_device_step_decodes_the_q8_model_as_the_host_does() {
     use burn_mapped_models::qwen2::{DeviceDecoder, Sampler, Sampling};
@@ -397,17 +397,19 @@ fn write_random_store(config: &Qwen2Config, dir: &Path) {
     w.finish().unwrap();
 }
 
-/// The device step takes an MLP wider than a fused product's split fits in WebGPU's default
-/// 16 KiB of shared memory (Qwen2.5-1.5B's 8960; 7B's is 18944), sized by the adapter's own
-/// limit, and decodes as the host does; where the adapter's limit is too small it says so.
-/// A model it does not take is refused with the reason.
+/// The device step takes Qwen2's wider shapes, with widths sized by the adapter's own shared
+/// memory rather than a constant: Qwen2.5-1.5B's 8960-wide MLP, and one layer of the 7B shape
+/// (hidden 3584, 28 heads of 128 over 4 key/value heads, MLP 18944). It decodes as the host
+/// does; where the adapter's limit is too small for a width it says so, and a model it does not
+/// take is refused with the reason.
+#[cfg(feature = "gpu-tests")]
 #[test]
-fn the_device_step_takes_wide_mlps_or_says_why_not() {
+fn the_device_step_takes_wide_shapes_or_says_why_not() {
     use burn_mapped_models::qwen2::{DeviceDecoder, Sampler};
     let Some(gpu) = burn_mapped_tests::gpu::wgpu_device() else {
         return;
     };
-    let config = Qwen2Config {
+    let small = Qwen2Config {
         vocab_size: 256,
         hidden_size: 128,
         intermediate_size: 8960,
@@ -420,29 +422,44 @@ fn the_device_step_takes_wide_mlps_or_says_why_not() {
         max_position_embeddings: 64,
         tie_word_embeddings: false,
     };
-    let dir = tempfile::tempdir().unwrap();
-    write_random_store(&config, dir.path());
-    let host = load(&config, dir.path(), &Device::flex());
-    let device = load(&config, dir.path(), &gpu);
-    let prompt = [3u32, 141, 59, 26];
-    const NEW: usize = 6;
-    match DeviceDecoder::try_new(&device, prompt.len() + NEW) {
-        Ok(mut decoder) => {
-            let want = host
-                .generate(&prompt, NEW, &mut Sampler::greedy(), &[])
-                .unwrap();
-            let got = decoder
-                .generate(&prompt, NEW, &mut Sampler::greedy(), &[], |_| {})
-                .unwrap();
-            assert_eq!(got, want);
+    let seven_b = Qwen2Config {
+        hidden_size: 3584,
+        intermediate_size: 18944,
+        num_hidden_layers: 1,
+        num_attention_heads: 28,
+        num_key_value_heads: 4,
+        head_dim: 128,
+        ..small.clone()
+    };
+    let mut host = None;
+    for config in [small, seven_b] {
+        let dir = tempfile::tempdir().unwrap();
+        write_random_store(&config, dir.path());
+        let on_host = load(&config, dir.path(), &Device::flex());
+        let device = load(&config, dir.path(), &gpu);
+        let prompt = [3u32, 141, 59, 26];
+        const NEW: usize = 6;
+        match DeviceDecoder::try_new(&device, prompt.len() + NEW) {
+            Ok(mut decoder) => {
+                let want = on_host
+                    .generate(&prompt, NEW, &mut Sampler::greedy(), &[])
+                    .unwrap();
+                let got = decoder
+                    .generate(&prompt, NEW, &mut Sampler::greedy(), &[], |_| {})
+                    .unwrap();
+                assert_eq!(got, want, "hidden {}", config.hidden_size);
+            }
+            Err(refused) => {
+                // Only an adapter with less shared memory than the split needs may refuse.
+                assert!(refused.0.contains("shared memory"), "{refused}");
+                eprintln!("note: hidden {}: {refused}", config.hidden_size);
+            }
         }
-        Err(refused) => {
-            // Only an adapter with less shared memory than the split needs may refuse.
-            assert!(refused.0.contains("shared memory"), "{refused}");
-            eprintln!("note: {refused}");
-        }
+        host = Some(on_host);
     }
     // A model on the host is refused, naming what the step needs.
-    let refused = DeviceDecoder::try_new(&host, 8).err().expect("refused");
+    let refused = DeviceDecoder::try_new(host.as_ref().unwrap(), 8)
+        .err()
+        .expect("refused");
     assert!(refused.0.contains("CubeCL"), "{refused}");
 }
