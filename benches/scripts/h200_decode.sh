@@ -24,7 +24,8 @@
 #   COMMIT=$(git rev-parse --short HEAD) DEVRUN=target/devrun OUT=h200-out \
 #     bash benches/scripts/h200_decode.sh
 #
-# SIZES (default "0.5b 7b"), TOKENS (128), ROUNDS (3); ARMS_0_5B and ARMS_7B pick the arms.
+# SIZES (default "0.5b 7b"), TOKENS (128), ROUNDS (3); ARMS_0_5B and ARMS_7B pick the arms;
+# GGUF or PARTS add the token check on the real checkpoint (end of the script).
 set -u
 devrun="${DEVRUN:-target/devrun}"
 out="${OUT:-$PWD/h200-out}"
@@ -87,3 +88,15 @@ for size in $sizes; do
     --commit "${COMMIT:-unknown}" --gpu "$gpu" --json "$out/gpu-decode-$size.json"
   echo "decode $size exit $? ($(date -u +%T))"
 done
+
+# With GGUF (the real checkpoint) or PARTS (a folder of its pieces, `gguf.part*`, for hosts that
+# take files in smaller transfers): the float64 reference's four prompts through the device step
+# and through tensor ops, 32 greedy tokens each, against the reference's tokens.
+if [ -n "${GGUF:-}${PARTS:-}" ]; then
+  real="$work/real.gguf"
+  if [ -n "${GGUF:-}" ]; then cp "$GGUF" "$real"; else cat "$PARTS"/gguf.part* > "$real"; fi
+  echo "== real checkpoint, tokens against the reference ($(date -u +%T))"
+  python3 benches/python/gpu_reference.py "$work/burn-mapped" "$real" "$work/cache-real" \
+    > "$out/reference-tokens.jsonl"
+  echo "reference exit $? ($(date -u +%T))"
+fi
