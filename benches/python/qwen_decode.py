@@ -12,6 +12,8 @@ Arms (--dtypes, comma-separated):
     --llama-pp), both once per round, and a cold or warm `llama-completion` process (greedy,
     -no-cnv, --no-display-prompt, --no-warmup) per startup run. llama-bench's tg feeds random tokens, so llama.cpp's decode tokens are not compared
     against the reference; its startup runs' text is compared with the reference's text.
+An arm `NAME@TIER` (`gguf@avx2`) runs NAME with its CPU kernels pinned to TIER
+(BURN_MAPPED_CPU), so one machine compares its tiers in the same run.
 Every process gets the same thread count (--threads: llama.cpp's -t, BURN_MAPPED_THREADS).
 
 The arms alternate within each round, their order rotating by round. Per round and arm:
@@ -268,17 +270,26 @@ def last_json(child):
     return json.loads(child.out.decode().strip().splitlines()[-1])
 
 
-def burn_env(args):
+def base_arm(arm):
+    """`gguf@avx2` -> (`gguf`, `avx2`): the arm's dtype and its pinned CPU tier, if any."""
+    dtype, _, tier = arm.partition("@")
+    return dtype, tier or None
+
+
+def burn_env(args, arm):
     env = dict(os.environ)
     env["BURN_MAPPED_THREADS"] = str(args.threads)
+    tier = base_arm(arm)[1]
+    if tier:
+        env["BURN_MAPPED_CPU"] = tier
     return env
 
 
 def burn_command(args, arm, prompt, tokens, stream=False, ignore_eos=False):
     cmd = [args.bin, "generate", "--model", args.gguf, "--device", args.device,
            "--placement", args.placement, "--max-tokens", str(tokens)]
-    if arm != GGUF_ARM:
-        cmd += ["--dtype", arm]
+    if base_arm(arm)[0] != GGUF_ARM:
+        cmd += ["--dtype", base_arm(arm)[0]]
     if args.ignore_eos or ignore_eos:
         cmd.append("--ignore-eos")
     if not stream:
@@ -319,7 +330,7 @@ def llama_bench(args, n_prompt, n_gen):
 def generate(args, arm, prompt, tokens):
     """A decode run: `generate --json`'s object plus the parent's figures."""
     (child,), _ = run_children([burn_command(args, arm, prompt, tokens)], args.sample_ms / 1e3,
-                               env=burn_env(args))
+                               env=burn_env(args, arm))
     got = last_json(child)
     got["parent"] = child.record()
     return got
@@ -352,7 +363,7 @@ def startup(args, arm, prompt, groups, cold):
         cmd, env = completion_command(args, prompt, args.startup_tokens), None
     else:
         cmd = burn_command(args, arm, prompt, args.startup_tokens, stream=True)
-        env = burn_env(args)
+        env = burn_env(args, arm)
     (child,), _ = run_children([cmd], args.sample_ms / 1e3, env=env)
     rec.update(child.record())
     if cold:
@@ -391,7 +402,7 @@ def concurrent(args, arm, prompt, weight_bytes):
     else:
         cmds = [burn_command(args, arm, prompt, n, stream=True, ignore_eos=True)
                 for _ in range(args.concurrent)]
-        env = burn_env(args)
+        env = burn_env(args, arm)
     children, samples = run_children(cmds, args.sample_ms / 1e3, env=env, pss=True)
     rec = {"processes": args.concurrent, "tokens": n, "program": os.path.basename(cmds[0][0]),
            "samples": len(samples), "weight_bytes": weight_bytes,
@@ -746,7 +757,7 @@ def main():
                                        args.sample_ms / 1e3)
             continue
         got = generate(args, arm, prompts[0], 1)
-        if arm == GGUF_ARM:
+        if base_arm(arm)[0] == GGUF_ARM:
             if args.device == "cpu" and not got.get("in_place"):
                 raise SystemExit("the gguf arm did not read the GGUF in place")
             groups[arm] = {"gguf": [args.gguf]}

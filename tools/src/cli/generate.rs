@@ -433,6 +433,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
 /// What the device step did with a generation.
 enum Stepped {
     /// It generated the tokens.
+    #[cfg_attr(
+        not(any(feature = "wgpu", feature = "vulkan")),
+        expect(dead_code, reason = "only a GPU build runs the device step")
+    )]
     Ran(Vec<u32>, DecodePath),
     /// It was asked for and does not take the model, for this reason.
     Refused(String),
