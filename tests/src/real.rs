@@ -115,9 +115,20 @@ impl FirstLogits {
 
 /// Every prompt of the float64 reference, in order.
 pub fn real_reference() -> Vec<RealPrompt> {
+    reference_prompts("prompts")
+}
+
+/// The float64 reference's long prompts (600-700 tokens, plain text, 32 tokens each): what a
+/// prompt's products and attention over hundreds of positions are held to.
+pub fn real_long_reference() -> Vec<RealPrompt> {
+    reference_prompts("long_prompts")
+}
+
+/// The prompts under `key` of the reference.
+fn reference_prompts(key: &str) -> Vec<RealPrompt> {
     let path = format!("{REAL_FIXTURE}/reference.json");
     let reference: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    reference["prompts"]
+    reference[key]
         .as_array()
         .unwrap()
         .iter()

@@ -17,7 +17,7 @@ use burn_mapped::gguf::{GgmlType, GgufFile};
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax, hf_name};
 use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
-use burn_mapped_tests::real::{COMPARED_TOKENS, real_reference};
+use burn_mapped_tests::real::{COMPARED_TOKENS, real_long_reference, real_reference};
 use burn_mapped_tools::fetch::default_cache_dir;
 use burn_mapped_tools::qwen::{self, StoreDType};
 
@@ -107,7 +107,11 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
         "prompt", "logit err", "top-1", "equal", "first difference (ref margin)"
     )];
     let mut failures = Vec::new();
-    for (i, p) in reference.iter().enumerate() {
+    // The four short prompts, then the long one (681 tokens: the prompt kernels, and attention
+    // over hundreds of positions).
+    let long = real_long_reference();
+    assert!(!long.is_empty(), "the reference has no long prompt");
+    for (i, p) in reference.iter().chain(&long).enumerate() {
         let prompt = tokenizer.encode(&p.built_text()).unwrap();
         assert_eq!(prompt, p.prompt_ids, "prompt {i} tokenization");
         let mut cache = loaded.model.new_cache(1, prompt.len() + 1);
