@@ -95,6 +95,60 @@ pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         .run(tasks, f);
 }
 
+/// Runs `f(first, piece)` over `data` cut into pieces of whole `chunk`-element chunks, at most
+/// `tasks` of them (`first`: the index of a piece's first chunk), on the calling thread and
+/// the pool, and returns when all have ended: for a model's own parallel work between
+/// products (attention, activations), on the products' workers instead of threads of its own.
+///
+/// # Panics
+/// If `chunk` is 0 or does not divide `data.len()`; a panic in `f` is resumed here.
+pub fn for_each_piece<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    tasks: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    assert!(
+        chunk > 0 && data.len().is_multiple_of(chunk),
+        "pieces of whole chunks"
+    );
+    let chunks = data.len() / chunk;
+    if chunks == 0 {
+        return;
+    }
+    let per = chunks.div_ceil(tasks.clamp(1, chunks));
+    let pieces = chunks.div_ceil(per);
+    if pieces == 1 {
+        f(0, data);
+        return;
+    }
+    let base = Pieces(data.as_mut_ptr());
+    run(pieces, &|i| {
+        let first = i * per;
+        let n = per.min(chunks - first);
+        // SAFETY: piece `i` is elements `first * chunk..(first + n) * chunk` of `data`, inside
+        // it (`first + n <= chunks`) and disjoint from every other piece; `run` calls each
+        // index once and returns only after every call has ended, while `data` stays mutably
+        // borrowed by this function, so this is the only reference to the piece while it lives.
+        let piece = unsafe { std::slice::from_raw_parts_mut(base.at(first * chunk), n * chunk) };
+        f(first, piece);
+    });
+}
+
+/// The start of a slice whose disjoint pieces the pool's threads take.
+struct Pieces<T>(*mut T);
+
+// SAFETY: `Pieces` is only read to form pieces that never overlap (see `for_each_piece`);
+// sharing the address is then like handing each thread its own `&mut` piece of `T: Send`.
+unsafe impl<T: Send> Sync for Pieces<T> {}
+
+impl<T> Pieces<T> {
+    /// The address `offset` elements in (a method, so closures capture `Pieces` whole).
+    fn at(&self, offset: usize) -> *mut T {
+        self.0.wrapping_add(offset)
+    }
+}
+
 /// Workers and the state they share with callers.
 struct Pool {
     shared: Arc<Shared>,

@@ -63,17 +63,7 @@ impl Slabs {
         if t == 0 || out == 0 {
             return;
         }
-        let requested = match self.threads {
-            0 => pool::threads() * SLABS_PER_THREAD,
-            n => n,
-        };
-        let multiple = self.row_multiple.max(1);
-        let by_work = (out * self.row_bytes)
-            .div_ceil(self.min_bytes.max(1))
-            .max(1);
-        let threads = requested.clamp(1, by_work).min(out.div_ceil(multiple));
-        let rows_per_slab = out.div_ceil(threads).next_multiple_of(multiple);
-        let slabs = out.div_ceil(rows_per_slab);
+        let (rows_per_slab, slabs) = self.cut(out);
         if slabs == 1 {
             fill(0, out, dst);
             return;
@@ -90,6 +80,36 @@ impl Slabs {
             // for as long as it lives.
             let piece = unsafe { std::slice::from_raw_parts_mut(base.at(start * t), rows * t) };
             fill(start, rows, piece);
+        });
+    }
+}
+
+impl Slabs {
+    /// Rows per slab and slabs for `out` rows (`out > 0`).
+    fn cut(&self, out: usize) -> (usize, usize) {
+        let requested = match self.threads {
+            0 => pool::threads() * SLABS_PER_THREAD,
+            n => n,
+        };
+        let multiple = self.row_multiple.max(1);
+        let by_work = (out * self.row_bytes)
+            .div_ceil(self.min_bytes.max(1))
+            .max(1);
+        let threads = requested.clamp(1, by_work).min(out.div_ceil(multiple));
+        let rows_per_slab = out.div_ceil(threads).next_multiple_of(multiple);
+        (rows_per_slab, out.div_ceil(rows_per_slab))
+    }
+
+    /// Runs `f(start, rows)` for the slabs of `out` rows, on the pool, for a caller that
+    /// writes each slab's output itself.
+    pub(crate) fn each(&self, out: usize, f: impl Fn(usize, usize) + Sync) {
+        if out == 0 {
+            return;
+        }
+        let (rows_per_slab, slabs) = self.cut(out);
+        pool::run(slabs, &|i| {
+            let start = i * rows_per_slab;
+            f(start, rows_per_slab.min(out - start));
         });
     }
 }
@@ -117,18 +137,36 @@ pub(crate) fn transpose(yt: &[f32], out: usize, t: usize) -> Vec<f32> {
     y
 }
 
-/// `[out, t]` row-major written into `y` as `[t, out]`.
+/// `[out, t]` row-major written into `y` as `[t, out]`: in blocks of rows, so that reads walk
+/// a few dozen rows of `yt` side by side, and for a prompt's sizes on the pool's threads.
 pub(crate) fn transpose_into(yt: &[f32], out: usize, t: usize, y: &mut [f32]) {
+    /// Rows of `yt` one pass reads side by side.
+    const BLOCK: usize = 32;
+    /// Elements below which the transpose stays on the calling thread.
+    const PARALLEL: usize = 1 << 16;
     assert_eq!(y.len(), t * out, "transpose: output length");
+    assert_eq!(yt.len(), t * out, "transpose: input length");
     if t == 1 {
         y.copy_from_slice(yt);
         return;
     }
-    for o in 0..out {
-        for tt in 0..t {
-            y[tt * out + o] = yt[o * t + tt];
+    let tasks = if t * out < PARALLEL {
+        1
+    } else {
+        pool::threads() * SLABS_PER_THREAD
+    };
+    pool::for_each_piece(y, out, tasks, &|first, piece| {
+        let rows = piece.len() / out;
+        for o0 in (0..out).step_by(BLOCK) {
+            let o1 = (o0 + BLOCK).min(out);
+            for r in 0..rows {
+                let dst = &mut piece[r * out + o0..r * out + o1];
+                for (k, d) in dst.iter_mut().enumerate() {
+                    *d = yt[(o0 + k) * t + first + r];
+                }
+            }
         }
-    }
+    });
 }
 
 #[cfg(test)]

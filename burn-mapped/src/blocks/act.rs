@@ -14,6 +14,11 @@
 
 /// Activation rows one pass over a weight row serves.
 pub(super) const TILE_T: usize = 8;
+/// Activation rows in one lane group: one per f32 lane of a 256-bit register.
+pub(super) const LANES: usize = 8;
+/// From this many activation rows on (a prompt), the vector kernels take the rows in lane
+/// groups ([`Lanes`]) and each weight row once per group, instead of in tiles.
+pub(super) const WIDE_T: usize = 16;
 /// Values per activation scale.
 pub const ACT_BLOCK: usize = 32;
 /// Values per activation sum.
@@ -26,12 +31,31 @@ pub fn row_bytes(inp: usize) -> usize {
     inp + inp / ACT_BLOCK * 4 + inp / SUM_SPAN * 2
 }
 
-/// Quantizes `x` (`[t, inp]`, row-major) into `t` packed rows.
+/// Quantizes `x` (`[t, inp]`, row-major) into `t` packed rows (a prompt's on the pool's
+/// threads).
 pub(super) fn quantize(x: &[f32], t: usize, inp: usize) -> Vec<u8> {
     assert!(inp.is_multiple_of(ACT_BLOCK) && x.len() == t * inp);
     let row = row_bytes(inp);
     let mut out = vec![0u8; t * row];
-    for (xs, dst) in x.chunks_exact(inp).zip(out.chunks_exact_mut(row)) {
+    if t == 0 {
+        return out;
+    }
+    let tasks = if t < WIDE_T {
+        1
+    } else {
+        crate::pool::threads() * 4
+    };
+    crate::pool::for_each_piece(&mut out, row, tasks, &|first, piece| {
+        let xs = &x[first * inp..first * inp + piece.len() / row * inp];
+        quantize_rows(xs, inp, piece);
+    });
+    out
+}
+
+/// [`quantize`] of the rows `xs` into `out` (as many packed rows).
+fn quantize_rows(xs: &[f32], inp: usize, out: &mut [u8]) {
+    let row = row_bytes(inp);
+    for (xs, dst) in xs.chunks_exact(inp).zip(out.chunks_exact_mut(row)) {
         let (q, rest) = dst.split_at_mut(inp);
         let (d, sums) = rest.split_at_mut(inp / ACT_BLOCK * 4);
         for (b, block) in xs.chunks_exact(ACT_BLOCK).enumerate() {
@@ -39,8 +63,7 @@ pub(super) fn quantize(x: &[f32], t: usize, inp: usize) -> Vec<u8> {
             let scale = amax / Q_MAX;
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
             for (i, &v) in block.iter().enumerate() {
-                // `as` saturates and maps NaN to 0; the scale carries a NaN into the product.
-                q[b * ACT_BLOCK + i] = ((v * inv).round() as i8) as u8;
+                q[b * ACT_BLOCK + i] = round_away(v * inv) as u8;
             }
             d[4 * b..4 * b + 4].copy_from_slice(&scale.to_le_bytes());
         }
@@ -49,7 +72,17 @@ pub(super) fn quantize(x: &[f32], t: usize, inp: usize) -> Vec<u8> {
             sums[2 * k..2 * k + 2].copy_from_slice(&s.to_le_bytes());
         }
     }
-    out
+}
+
+/// `x` rounded half away from zero, as `f32::round` does, saturated to i8 (NaN to 0). Adding
+/// the largest f32 below one half, signed as `x`, then truncating is exact for every `x` (the
+/// sum rounds up to the next integer only from a half on) and vectorizes where `round` is a
+/// library call on baseline x86-64.
+#[inline(always)]
+fn round_away(x: f32) -> i8 {
+    // `as` truncates toward zero, saturates and maps NaN to 0; the scale carries a NaN into
+    // the product.
+    (x + 0.499_999_97_f32.copysign(x)) as i8
 }
 
 /// Packed activation rows as the kernels read them.
@@ -73,7 +106,29 @@ pub(super) struct Acts<'a> {
     td: Vec<f32>,
     toff16: Vec<i32>,
     toff128: Vec<i32>,
+    lanes: Option<Lanes>,
 }
+
+/// The rows in lane groups, for the wide kernels: group `g` holds rows `8g..8g + 8` (rows
+/// past `t` are zeros), block `b` of a group at index `g * blocks + b`, with
+///
+/// ```text
+/// q    i8  [.., 8, 8, 4]  dword k of lane j: values 4k..4k + 4 of row 8g + j's block
+/// f    f32 [.., 2, 8]     per lane: the block's scale, then scale * sum
+/// i    i32 [.., 3, 8]     per lane: -sum, -sum of values 0-15, -sum of values 16-31
+/// ```
+///
+/// so one broadcast dword of a weight row meets eight rows' values in one register, and the
+/// products of a block's eight dwords sum to the eight rows' dot products lane by lane.
+pub(super) struct Lanes {
+    pub q: Vec<i8>,
+    pub f: Vec<f32>,
+    pub i: Vec<i32>,
+    pub groups: usize,
+}
+
+/// Bytes of values per block of one lane group.
+pub(super) const LANE_BLOCK: usize = LANES * ACT_BLOCK;
 
 /// One tile of [`Acts`]: `rows` activation rows, interleaved by block.
 pub(super) struct Tile<'a> {
@@ -98,6 +153,7 @@ impl<'a> Acts<'a> {
         let blocks = inp / ACT_BLOCK;
         let mut d = Vec::with_capacity(t * blocks);
         let mut sum32 = Vec::with_capacity(t * blocks);
+        let mut lo16 = Vec::with_capacity(t * blocks);
         let mut ds32 = Vec::with_capacity(t * blocks);
         let mut ds16 = Vec::with_capacity(t * blocks * 2);
         for r in bytes.chunks_exact(row) {
@@ -108,11 +164,28 @@ impl<'a> Acts<'a> {
                 let (lo, hi) = (sum16(2 * b), sum16(2 * b + 1));
                 d.push(scale);
                 sum32.push(lo + hi);
+                lo16.push(lo);
                 // Sums of 32 values of at most 127 are exact in f32.
                 ds32.push(scale * (lo + hi) as f32);
                 ds16.push(scale * lo as f32);
                 ds16.push(scale * hi as f32);
             }
+        }
+        if t >= WIDE_T {
+            let lanes = Lanes::new(all, row, t, inp, &d, &ds32, &sum32, &lo16);
+            return Acts {
+                q: all,
+                inp,
+                t,
+                d,
+                ds32,
+                ds16,
+                tq: Vec::new(),
+                td: Vec::new(),
+                toff16: Vec::new(),
+                toff128: Vec::new(),
+                lanes: Some(lanes),
+            };
         }
         let mut tq = vec![0i8; t * inp];
         let mut td = vec![0f32; t * blocks];
@@ -144,7 +217,14 @@ impl<'a> Acts<'a> {
             td,
             toff16,
             toff128,
+            lanes: None,
         }
+    }
+
+    /// The rows in lane groups, built from [`WIDE_T`] rows on.
+    #[inline(always)]
+    pub(super) fn lanes(&self) -> Option<&Lanes> {
+        self.lanes.as_ref()
     }
 
     /// Values per row.
@@ -192,8 +272,9 @@ impl<'a> Acts<'a> {
         &self.ds16[t * n..(t + 1) * n]
     }
 
-    /// The tile of rows `t0..` (`t0` a multiple of [`TILE_T`]).
+    /// The tile of rows `t0..` (`t0` a multiple of [`TILE_T`]; fewer than [`WIDE_T`] rows).
     pub(super) fn tile(&self, t0: usize) -> Tile<'_> {
+        assert!(self.lanes.is_none(), "rows in lane groups have no tiles");
         assert!(
             t0.is_multiple_of(TILE_T) && t0 < self.t,
             "tiles start at multiples of TILE_T"
@@ -208,5 +289,48 @@ impl<'a> Acts<'a> {
             off128: &self.toff128[lo..hi],
             rows,
         }
+    }
+}
+
+impl Lanes {
+    /// The lane groups of `t` packed rows (`row` bytes apart in `all`) and their scales,
+    /// `scale * sum` and sums (of 32 and of the first 16 values) by row and block.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        all: &[i8],
+        row: usize,
+        t: usize,
+        inp: usize,
+        d: &[f32],
+        ds32: &[f32],
+        sum32: &[i32],
+        lo16: &[i32],
+    ) -> Self {
+        let blocks = inp / ACT_BLOCK;
+        let groups = t.div_ceil(LANES);
+        let mut q = vec![0i8; groups * blocks * LANE_BLOCK];
+        let mut f = vec![0f32; groups * blocks * 2 * LANES];
+        let mut i = vec![0i32; groups * blocks * 3 * LANES];
+        for r in 0..t {
+            let (g, j) = (r / LANES, r % LANES);
+            let src = &all[r * row..r * row + inp];
+            for b in 0..blocks {
+                let at = g * blocks + b;
+                let dst = &mut q[at * LANE_BLOCK..(at + 1) * LANE_BLOCK];
+                for (k, v) in src[b * ACT_BLOCK..(b + 1) * ACT_BLOCK]
+                    .chunks_exact(4)
+                    .enumerate()
+                {
+                    dst[k * ACT_BLOCK + 4 * j..][..4].copy_from_slice(v);
+                }
+                let rb = r * blocks + b;
+                f[at * 2 * LANES + j] = d[rb];
+                f[at * 2 * LANES + LANES + j] = ds32[rb];
+                i[at * 3 * LANES + j] = -sum32[rb];
+                i[at * 3 * LANES + LANES + j] = -lo16[rb];
+                i[at * 3 * LANES + 2 * LANES + j] = lo16[rb] - sum32[rb];
+            }
+        }
+        Lanes { q, f, i, groups }
     }
 }

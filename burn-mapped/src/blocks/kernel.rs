@@ -131,6 +131,35 @@ pub(super) fn matmul_many_into(ps: &[Product<'_>], isa: Isa, outs: &mut [&mut [f
         threads: 0,
         row_multiple: 1,
     };
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable
+        && let Some(first) = ps.first()
+        && first.acts.lanes().is_some()
+    {
+        // A prompt: each slab writes its rows' columns of the `[t, out]` outputs itself.
+        let cols: Vec<Cols> = outs
+            .iter_mut()
+            .zip(ps)
+            .map(|(y, p)| Cols {
+                base: y.as_mut_ptr(),
+                stride: p.out,
+            })
+            .collect();
+        let cols = SyncCols(cols);
+        slabs.each(total, |start, rows| {
+            for ((p, &first), &c) in ps.iter().zip(&starts).zip(cols.get()) {
+                let lo = start.max(first);
+                let hi = (start + rows).min(first + p.out);
+                if lo < hi {
+                    // SAFETY: `c` is product `p`'s `[t, out]` output, which `outs` holds
+                    // mutably borrowed until `each` has returned; this slab writes its rows
+                    // `lo - first..hi - first`, columns no other slab writes.
+                    unsafe { wide_into(*p, isa, lo - first, hi - lo, c) };
+                }
+            }
+        });
+        return;
+    }
     let yt = slabs.run_rows(total, t, |start, rows, dst| {
         // The products whose rows meet `start..start + rows`, each on its part of `dst`.
         for (p, &first) in ps.iter().zip(&starts) {
@@ -144,6 +173,51 @@ pub(super) fn matmul_many_into(ps: &[Product<'_>], isa: Isa, outs: &mut [&mut [f
     });
     for ((p, &first), y) in ps.iter().zip(&starts).zip(outs.iter_mut()) {
         transpose_into(&yt[first * t..(first + p.out) * t], p.out, t, y);
+    }
+}
+
+/// The `[t, stride]` row-major output of one product, as the wide kernels write it: element
+/// `(row, col)` at `base + row * stride + col`.
+#[derive(Clone, Copy)]
+pub(super) struct Cols {
+    pub base: *mut f32,
+    pub stride: usize,
+}
+
+/// Each product's [`Cols`], shared by the slabs that write disjoint columns of them.
+struct SyncCols(Vec<Cols>);
+
+// SAFETY: the pointers are only written through by slabs whose columns never overlap (see
+// `matmul_many_into`), while the outputs they point to stay borrowed; `f32` is `Send`.
+unsafe impl Sync for SyncCols {}
+
+impl SyncCols {
+    /// The columns (a method, so closures capture `SyncCols` whole, which is `Sync`).
+    fn get(&self) -> &[Cols] {
+        &self.0
+    }
+}
+
+/// Output rows `start..start + rows` of `p`, whose activations are in lane groups, into their
+/// columns of `cols`.
+///
+/// # Safety
+/// `cols` is `p`'s `[p.t, p.out]` output, writable, and no other thread reads or writes
+/// columns `start..start + rows` of it meanwhile.
+#[cfg(target_arch = "x86_64")]
+unsafe fn wide_into(p: Product<'_>, isa: Isa, start: usize, rows: usize, cols: Cols) {
+    let (ty, row_bytes) = (p.layout.ty(), p.layout.row_bytes());
+    match isa {
+        // SAFETY: `Isa::Avx2` comes only from a tier `CpuTier::supported` found; the
+        // caller's contract for `cols`.
+        Isa::Avx2 => unsafe {
+            super::x86::avx2::wide::rows(ty, p.w, row_bytes, p.acts, p.t, start, rows, p.bias, cols)
+        },
+        // SAFETY: as above, for AVX-512 VNNI's features.
+        Isa::Vnni => unsafe {
+            super::x86::vnni::wide::rows(ty, p.w, row_bytes, p.acts, p.t, start, rows, p.bias, cols)
+        },
+        Isa::Portable => unreachable!("the portable loop reads rows, not lane groups"),
     }
 }
 

@@ -177,7 +177,9 @@ fn every_kind_and_loop_matches_the_f64_definition_on_edge_shapes() {
         // 1, 2, 3, 5 and 19 blocks per row (odd and even counts, the kernels' tails),
         // every tile size, and tiles after a full one.
         for (k, cols) in [b, 2 * b, 3 * b, 5 * b, 19 * b].into_iter().enumerate() {
-            for t in (1..=9).chain([16, 17]) {
+            // Decode's tiles (1-9 rows) and a prompt's lane groups (16 rows on): full
+            // groups, a partial last one, and more groups than one step takes.
+            for t in (1..=9).chain([15, 16, 17, 23, 40]) {
                 check(ty, 5, cols, t, 0.01, (k * 100 + t) as u64);
             }
         }
@@ -226,6 +228,16 @@ fn extreme_values_match_the_definition() {
     }
 }
 
+/// A prompt's product at a model's widths (Qwen2.5-0.5B's hidden size and feed-forward
+/// width): 481 rows in lane groups, more than one token block where the input is wide.
+#[test]
+fn a_prompt_at_model_widths_matches_the_definition() {
+    check(GgmlType::Q5_0, 19, 896, 481, 0.02, 21);
+    check(GgmlType::Q8_0, 13, 896, 481, 0.02, 22);
+    check(GgmlType::Q4_K, 11, 4864, 481, 0.02, 23);
+    check(GgmlType::Q6_K, 9, 4864, 481, 0.02, 24);
+}
+
 #[test]
 fn a_matrix_split_across_threads_matches_the_definition() {
     // ~330 KB of Q8_0 blocks: more than one thread's minimum slab.
@@ -233,6 +245,8 @@ fn a_matrix_split_across_threads_matches_the_definition() {
     check(GgmlType::Q6_K, 300, 1024, 1, 0.02, 12);
     // An odd number of rows, cut into slabs of different lengths.
     check(GgmlType::Q5_0, 1001, 384, 1, 0.02, 13);
+    // And a prompt's: slabs of rows that are not a multiple of a step's.
+    check(GgmlType::Q5_0, 1001, 384, 33, 0.02, 14);
 }
 
 /// The packed format is its definition: a scale per 32 of `absmax / 127`, values rounded

@@ -7,4 +7,6 @@ pub mod memstat;
 pub use cpu::{CPU_VAR, CpuTier, CpuTierError, cpu_tier, cpu_tier_from_env};
 
 pub use crate::layout::{huge_page_size, page_size};
-pub use crate::pool::{MAX_THREADS, THREADS_VAR, ThreadsVarError, threads, threads_from_env};
+pub use crate::pool::{
+    MAX_THREADS, THREADS_VAR, ThreadsVarError, for_each_piece, threads, threads_from_env,
+};

@@ -157,7 +157,6 @@ pub(super) struct Buffers {
     pub(super) o: Vec<f32>,
     pub(super) gate: Vec<f32>,
     pub(super) up: Vec<f32>,
-    pub(super) scores: Vec<f32>,
     pub(super) cos: Vec<f32>,
     pub(super) sin: Vec<f32>,
 }

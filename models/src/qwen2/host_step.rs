@@ -21,6 +21,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_mapped::blocks::{BlockWeight, block_linear_into};
 
 use super::cache::{HostKv, KvCache};
+use super::host_attention::{AttnShape, attention, dot};
 use super::model::{Qwen2Model, RmsNorm};
 use super::projection::{Projection, block_operands};
 use super::rope;
@@ -155,7 +156,6 @@ fn forward(
     fit(&mut buf.v, t * kv_heads * d);
     fit(&mut buf.attn, t * heads * d);
     fit(&mut buf.o, t * hidden);
-    fit(&mut buf.scores, start + t);
     fit(&mut buf.cos, t * d / 2);
     fit(&mut buf.sin, t * d / 2);
     for (i, pos) in (start..start + t).enumerate() {
@@ -215,7 +215,6 @@ fn forward(
                 d,
                 capacity,
             },
-            &mut buf.scores,
             &mut buf.attn,
         );
         products(&params.device, [&attn.o_proj], &buf.attn, t, [&mut buf.o]);
@@ -233,9 +232,7 @@ fn forward(
             t,
             [&mut buf.gate, &mut buf.up],
         );
-        for (g, &u) in buf.gate.iter_mut().zip(&buf.up) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
-        }
+        silu_mul(&mut buf.gate, &buf.up, inter, t);
         products(&params.device, [&mlp.down_proj], &buf.gate, t, [&mut buf.o]);
         add(&mut buf.x, &buf.o);
     }
@@ -245,6 +242,24 @@ fn forward(
         (&params.device, DType::F32),
     )
 }
+
+/// `gate = silu(gate) * up`, rows `[t, inter]`, on the pool's threads for a prompt.
+fn silu_mul(gate: &mut [f32], up: &[f32], inter: usize, t: usize) {
+    let tasks = if t * inter < PARALLEL_ACTIVATION {
+        1
+    } else {
+        burn_mapped::host::threads() * 4
+    };
+    burn_mapped::host::for_each_piece(gate, inter, tasks, &|first, piece| {
+        let up = &up[first * inter..first * inter + piece.len()];
+        for (g, &u) in piece.iter_mut().zip(up) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    });
+}
+
+/// Activations (`exp` each) below which [`silu_mul`] stays on the calling thread.
+const PARALLEL_ACTIVATION: usize = 1 << 15;
 
 /// `v` resized to `len` (its capacity is kept, so after the first call nothing is allocated).
 fn fit(v: &mut Vec<f32>, len: usize) {
@@ -263,68 +278,6 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, width: usize, out: &mut [f32]) {
         let inv = 1.0 / (dot(row, row) / width as f32 + eps).sqrt();
         for ((o, &v), &g) in dst.iter_mut().zip(row).zip(w) {
             *o = v * inv * g;
-        }
-    }
-}
-
-/// Dot product in eight independent lanes, so it vectorizes.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// Where the attention's operands lie.
-#[derive(Clone, Copy)]
-struct AttnShape {
-    start: usize,
-    t: usize,
-    heads: usize,
-    kv_heads: usize,
-    d: usize,
-    capacity: usize,
-}
-
-/// Causal grouped-query attention of the `t` new queries (`[t, heads, d]`) over the cached
-/// keys and values (`[kv_heads, capacity, d]`, positions `0..start + t` valid): query `i` sees
-/// positions `0..=start + i`, and query head `h` reads key/value head `h / (heads / kv_heads)`
-/// (HF `repeat_kv`). Softmax in f32 with the row maximum subtracted.
-fn attention(q: &[f32], kc: &[f32], vc: &[f32], s: AttnShape, scores: &mut [f32], out: &mut [f32]) {
-    let d = s.d;
-    let rep = s.heads / s.kv_heads;
-    let scale = 1.0 / (d as f32).sqrt();
-    for i in 0..s.t {
-        let len = s.start + i + 1;
-        for h in 0..s.heads {
-            let base = (h / rep) * s.capacity * d;
-            let at = (i * s.heads + h) * d;
-            let qh = &q[at..at + d];
-            let mut max = f32::NEG_INFINITY;
-            for (j, score) in scores[..len].iter_mut().enumerate() {
-                *score = dot(qh, &kc[base + j * d..base + (j + 1) * d]) * scale;
-                max = max.max(*score);
-            }
-            let mut sum = 0.0;
-            for score in &mut scores[..len] {
-                *score = (*score - max).exp();
-                sum += *score;
-            }
-            let inv = 1.0 / sum;
-            let o = &mut out[at..at + d];
-            o.fill(0.0);
-            for (j, &p) in scores[..len].iter().enumerate() {
-                let p = p * inv;
-                for (a, &v) in o.iter_mut().zip(&vc[base + j * d..base + (j + 1) * d]) {
-                    *a += p * v;
-                }
-            }
         }
     }
 }

@@ -6,6 +6,7 @@ mod config;
 mod device_step;
 mod generate;
 mod gguf_names;
+mod host_attention;
 mod host_step;
 pub mod load;
 mod model;

@@ -27,6 +27,9 @@
 //! hold the slab's rows and that every activation row holds as many values as a weight row,
 //! which bounds every access.
 
+#[macro_use]
+mod wide;
+
 /// Runs `$body` for every `$b` in `0..$blocks`, alternating `$h` between accumulator sets
 /// 0 and `set::<T>(1)` (two independent chains per product where that is 1).
 macro_rules! two_sets {
@@ -52,7 +55,7 @@ macro_rules! two_sets {
 }
 
 macro_rules! kernels {
-    ($name:ident, $features:literal, { $($isa:item)* }) => {
+    ($name:ident, $features:literal, $wide_r:literal, $wide_g:literal, { $($isa:item)* }) => {
         pub(super) mod $name {
             use std::arch::x86_64::*;
 
@@ -60,6 +63,8 @@ macro_rules! kernels {
             use crate::gguf::format::GgmlType;
 
             $($isa)*
+
+            wide_kernels!($features, $wide_r, $wide_g);
 
             /// # Safety
             /// `p` points to 32 readable bytes.
@@ -475,7 +480,7 @@ macro_rules! kernels {
     };
 }
 
-kernels!(avx2, "avx2,fma,f16c", {
+kernels!(avx2, "avx2,fma,f16c", 2, 2, {
     /// `init + ` eight i32 sums of four `u[i] * a[i]` each (`u` at most 128, or the 16-bit
     /// pair sums could saturate).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -552,11 +557,35 @@ kernels!(avx2, "avx2,fma,f16c", {
     fn q6_k_merge(low: __m256i, high: __m256i) -> __m256i {
         _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
     }
+
+    /// Q8_0's values as the wide kernels keep them: as they are (the dot needs their signs).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn wide_q8_store(w: __m256i) -> __m256i {
+        w
+    }
+
+    /// `acc + ` the dot of Q8_0 values `w` (kept by [`wide_q8_store`]) with `a`: their
+    /// magnitudes against the activations with the values' signs.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn wide_q8_dot(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        dot(acc, q8_u(w), q8_a(a, w))
+    }
+
+    /// Where a wide Q8_0 dot starts, from minus the activations' sums: at zero.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn wide_q8_init(_neg_sum: __m256i) -> __m256i {
+        _mm256_setzero_si256()
+    }
 });
 
 kernels!(
     vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    4,
+    2,
     {
         /// `init + ` eight i32 sums of four `u[i] * a[i]` each.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -629,6 +658,28 @@ kernels!(
         fn q6_k_merge(low: __m256i, high: __m256i) -> __m256i {
             // low | (high & 0x30)
             _mm256_ternarylogic_epi32::<0xF8>(low, high, _mm256_set1_epi8(0x30))
+        }
+
+        /// Q8_0's values as the wide kernels keep them: plus 128 ([`q8_u`]).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn wide_q8_store(w: __m256i) -> __m256i {
+            q8_u(w)
+        }
+
+        /// `acc + ` the dot of Q8_0 values kept by [`wide_q8_store`] with `a`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn wide_q8_dot(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+            _mm256_dpbusd_epi32(acc, w, a)
+        }
+
+        /// Where a wide Q8_0 dot starts, from minus the activations' sums: at `-128 * sum`,
+        /// for the 128 that [`wide_q8_store`] adds to every value.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn wide_q8_init(neg_sum: __m256i) -> __m256i {
+            _mm256_slli_epi32::<7>(neg_sum)
         }
     }
 );
