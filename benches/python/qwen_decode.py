@@ -695,6 +695,9 @@ def main():
     p.add_argument("--startup", default="cold,warm",
                    help="startup runs per round and arm, comma-separated ('' for none)")
     p.add_argument("--startup-tokens", type=int, default=8, help="tokens of a startup run")
+    p.add_argument("--startup-prompt", choices=["short", "long"], default="short",
+                   help="the prompt of the startup runs (and llama-bench's pp): the reference's "
+                        "prompt 0 (4 tokens) or its long prompt (681 tokens)")
     p.add_argument("--concurrent", type=int, default=4, help="processes at once; 0: none")
     p.add_argument("--concurrent-tokens", type=int, default=128,
                    help="tokens of each concurrent process (prompt 0, past any end of turn)")
@@ -745,7 +748,9 @@ def main():
 
     reference = json.load(open(REFERENCE))
     prompts = reference["prompts"]
-    pp_tokens = args.llama_pp or len(prompts[0]["prompt_ids"])
+    start_prompt = (reference["long_prompts"][0] if args.startup_prompt == "long"
+                    else prompts[0])
+    pp_tokens = args.llama_pp or len(start_prompt["prompt_ids"])
     groups = {}  # arm -> {group: files}: what a cold run drops
     llama = {}
     for arm in arms:
@@ -775,7 +780,7 @@ def main():
         order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
         for arm in order:
             for kind in sorted(kinds):  # cold, then warm (the pages it needs now cached)
-                rec = startup(args, arm, prompts[0], groups[arm], kind == "cold")
+                rec = startup(args, arm, start_prompt, groups[arm], kind == "cold")
                 rec.update({"round": rnd, "dtype": arm})
                 starts.append(rec)
                 print(f"[round {rnd}] {arm} {kind}: first token "
@@ -897,7 +902,8 @@ def main():
         "device": args.device, "placement": args.placement, "arms": arms,
         "tokens": tokens_list[0], "rounds": args.rounds, "tokens_list": tokens_list,
         "long_prompts": args.long_prompts, "long_rounds": long_rounds, "startup": kinds,
-        "startup_tokens": args.startup_tokens, "concurrent": args.concurrent,
+        "startup_tokens": args.startup_tokens, "startup_prompt": args.startup_prompt,
+        "startup_prompt_tokens": len(start_prompt["prompt_ids"]), "concurrent": args.concurrent,
         "concurrent_tokens": args.concurrent_tokens,
         "concurrent_rounds": args.concurrent_rounds, "threads": args.threads,
         "ignore_eos": args.ignore_eos, "llama_pp_tokens": pp_tokens,
