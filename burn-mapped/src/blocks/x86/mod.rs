@@ -150,6 +150,23 @@ macro_rules! kernels {
                 }
             }
 
+            /// Bytes past the weights being read that the K-quant kernels ask the cache for:
+            /// the hardware's stream prefetchers stop at each 4 KiB page, so a stream of rows
+            /// would otherwise wait on memory at every page. At 7B (mostly Q4_K and Q6_K) it
+            /// takes decode from 6.3 to 7.2 tok/s on 2 cores; for Q5_0 and Q8_0 rows (0.5B)
+            /// it gained nothing measurable, so they have none.
+            const PREFETCH_AHEAD: usize = 2048;
+
+            /// Prefetches `LINES` cache lines from [`PREFETCH_AHEAD`] bytes past `p`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn prefetch_ahead<const LINES: usize>(p: *const u8) {
+                for l in 0..LINES {
+                    // A prefetch reads nothing and never faults, whatever the address.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64 * l).cast());
+                }
+            }
+
             /// A kernel: one weight row of `blocks` blocks against a tile of `T` rows.
             type Kernel<const T: usize> = unsafe fn(*const u8, usize, &Act<T>) -> [f32; T];
 
@@ -366,6 +383,7 @@ macro_rules! kernels {
                     // every activation row.
                     unsafe {
                         let p = w.add(144 * sb);
+                        prefetch_ahead::<3>(p);
                         // [d, dmin] repeated, then each in every lane.
                         let dd = _mm256_cvtph_ps(_mm_set1_epi32(p.cast::<i32>().read_unaligned()));
                         let (sc, m) = q4_k_scales(p.add(4));
@@ -426,6 +444,7 @@ macro_rules! kernels {
                     // every activation row.
                     unsafe {
                         let p = w.add(210 * sb);
+                        prefetch_ahead::<4>(p);
                         let d = f16x8(p.add(208));
                         let sc = _mm_loadu_si128(p.add(192).cast());
                         // Scales of sub-blocks 0-7 and 8-15, times `d`.
