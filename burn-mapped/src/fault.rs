@@ -18,9 +18,10 @@ use std::path::Path;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
-/// Exit code of a process ended by a fault in a mapped store file (`EX_IOERR` of
-/// `sysexits.h`: an I/O error on a file).
-pub const SIGBUS_EXIT_CODE: i32 = 74;
+/// Exit code of a process ended by a fault in a mapped file: 1, the CLI's code for a bad input
+/// named in its message (a file changed under the process is one), so a script sees the same
+/// code for every input at fault.
+pub const SIGBUS_EXIT_CODE: i32 = 1;
 
 /// Mappings the table can name at once (a store maps one file per tensor, a few hundred for a
 /// typical LLM).

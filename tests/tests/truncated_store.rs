@@ -87,6 +87,10 @@ fn generate_ends_naming_the_file_when_a_mapped_tensor_file_is_truncated() {
         "{status:?}: {stderr}"
     );
     assert!(
+        stderr.contains("became unreadable while mapped"),
+        "{stderr}"
+    );
+    assert!(
         stderr.contains(&*victim.to_string_lossy()),
         "stderr does not name {}: {stderr}",
         victim.display()
