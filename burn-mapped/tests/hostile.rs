@@ -491,7 +491,10 @@ fn a_file_truncated_under_its_mapping_ends_the_process_naming_the_file() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(SIGBUS_EXIT_CODE), "{stderr}");
-    assert!(stderr.contains("became unreadable while mapped"), "{stderr}");
+    assert!(
+        stderr.contains("became unreadable while mapped"),
+        "{stderr}"
+    );
     let file = dir.join(manifest.tensors()[0].file());
     assert!(stderr.contains(&*file.to_string_lossy()), "{stderr}");
 }
