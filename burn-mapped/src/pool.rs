@@ -95,9 +95,15 @@ pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         .run(tasks, f);
 }
 
-/// Runs `f(first, piece)` over `data` cut into pieces of whole `chunk`-element chunks, at most
-/// `tasks` of them (`first`: the index of a piece's first chunk), on the calling thread and
-/// the pool, and returns when all have ended: for a model's own parallel work between
+/// Tasks per pool thread when a job's count is left to the pool. Threads claim tasks as they
+/// come free, so a thread that loses its core in the middle of a job (another process wants
+/// it) holds back one small task while the others take the rest, instead of half the job.
+pub(crate) const TASKS_PER_THREAD: usize = 4;
+
+/// Runs `f(first, piece)` over `data` cut into pieces of whole `chunk`-element chunks
+/// (`first`: the index of a piece's first chunk), [`TASKS_PER_THREAD`] per pool thread when
+/// `parallel` (the caller says whether the work is worth a hand-off), else all of it on the
+/// calling thread; returns when all have ended. For a model's own parallel work between
 /// products (attention, activations), on the products' workers instead of threads of its own.
 ///
 /// # Panics
@@ -105,7 +111,7 @@ pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
 pub fn for_each_piece<T: Send>(
     data: &mut [T],
     chunk: usize,
-    tasks: usize,
+    parallel: bool,
     f: &(dyn Fn(usize, &mut [T]) + Sync),
 ) {
     assert!(
@@ -116,13 +122,18 @@ pub fn for_each_piece<T: Send>(
     if chunks == 0 {
         return;
     }
+    let tasks = if parallel {
+        threads() * TASKS_PER_THREAD
+    } else {
+        1
+    };
     let per = chunks.div_ceil(tasks.clamp(1, chunks));
     let pieces = chunks.div_ceil(per);
     if pieces == 1 {
         f(0, data);
         return;
     }
-    let base = Pieces(data.as_mut_ptr());
+    let base = SharedMut::new(data);
     run(pieces, &|i| {
         let first = i * per;
         let n = per.min(chunks - first);
@@ -130,22 +141,32 @@ pub fn for_each_piece<T: Send>(
         // it (`first + n <= chunks`) and disjoint from every other piece; `run` calls each
         // index once and returns only after every call has ended, while `data` stays mutably
         // borrowed by this function, so this is the only reference to the piece while it lives.
-        let piece = unsafe { std::slice::from_raw_parts_mut(base.at(first * chunk), n * chunk) };
+        let piece = unsafe { base.piece(first * chunk, n * chunk) };
         f(first, piece);
     });
 }
 
 /// The start of a slice whose disjoint pieces the pool's threads take.
-struct Pieces<T>(*mut T);
+pub(crate) struct SharedMut<T>(*mut T);
 
-// SAFETY: `Pieces` is only read to form pieces that never overlap (see `for_each_piece`);
-// sharing the address is then like handing each thread its own `&mut` piece of `T: Send`.
-unsafe impl<T: Send> Sync for Pieces<T> {}
+// SAFETY: `SharedMut` is only read to form pieces that never overlap (see `piece`); sharing
+// the address is then like handing each thread its own `&mut` piece of `T: Send`.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
 
-impl<T> Pieces<T> {
-    /// The address `offset` elements in (a method, so closures capture `Pieces` whole).
-    fn at(&self, offset: usize) -> *mut T {
-        self.0.wrapping_add(offset)
+impl<T> SharedMut<T> {
+    /// The start of `data`, whose borrow the caller keeps for as long as pieces live.
+    pub(crate) fn new(data: &mut [T]) -> Self {
+        Self(data.as_mut_ptr())
+    }
+
+    /// Elements `offset..offset + len` (a method, so closures capture `SharedMut` whole).
+    ///
+    /// # Safety
+    /// The range lies inside the slice given to [`new`](Self::new), which is still mutably
+    /// borrowed, and no other reference to any of its elements lives meanwhile.
+    pub(crate) unsafe fn piece<'a>(&self, offset: usize, len: usize) -> &'a mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(offset), len) }
     }
 }
 

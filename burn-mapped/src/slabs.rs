@@ -2,13 +2,7 @@
 //! both host kernels (q8 and GGUF blocks) share. A matrix smaller than one worker's worth of
 //! bytes stays on the calling thread.
 
-use crate::pool;
-
-/// Slabs per pool thread when the caller leaves the count to the pool. Threads claim slabs as
-/// they come free, so a thread that loses its core in the middle of a product (another process
-/// wants it) holds back one small slab while the others take the rest, instead of half the
-/// product.
-pub(crate) const SLABS_PER_THREAD: usize = 4;
+use crate::pool::{self, SharedMut, TASKS_PER_THREAD};
 
 /// How a product's `out` rows are cut.
 pub(crate) struct Slabs {
@@ -16,7 +10,7 @@ pub(crate) struct Slabs {
     pub row_bytes: usize,
     /// Smallest slab of weight bytes worth a task of its own.
     pub min_bytes: usize,
-    /// Most slabs (0: [`SLABS_PER_THREAD`] per thread of the pool, [`pool::threads`]).
+    /// Most slabs (0: [`TASKS_PER_THREAD`] per thread of the pool, [`pool::threads`]).
     pub threads: usize,
     /// Slabs hold a multiple of this many rows (but the last), so kernels that take rows in
     /// blocks run full blocks.
@@ -68,7 +62,7 @@ impl Slabs {
             fill(0, out, dst);
             return;
         }
-        let base = Base(dst.as_mut_ptr());
+        let base = SharedMut::new(dst);
         pool::run(slabs, &|i| {
             let start = i * rows_per_slab;
             let rows = rows_per_slab.min(out - start);
@@ -78,7 +72,7 @@ impl Slabs {
             // each index once and returns only after every call has ended, while `dst` stays
             // mutably borrowed by this function, so this is the only reference to the piece
             // for as long as it lives.
-            let piece = unsafe { std::slice::from_raw_parts_mut(base.at(start * t), rows * t) };
+            let piece = unsafe { base.piece(start * t, rows * t) };
             fill(start, rows, piece);
         });
     }
@@ -88,7 +82,7 @@ impl Slabs {
     /// Rows per slab and slabs for `out` rows (`out > 0`).
     fn cut(&self, out: usize) -> (usize, usize) {
         let requested = match self.threads {
-            0 => pool::threads() * SLABS_PER_THREAD,
+            0 => pool::threads() * TASKS_PER_THREAD,
             n => n,
         };
         let multiple = self.row_multiple.max(1);
@@ -114,22 +108,6 @@ impl Slabs {
     }
 }
 
-/// The start of a buffer whose disjoint pieces the pool's threads write.
-struct Base(*mut f32);
-
-// SAFETY: `Base` is only read to form pieces of the buffer that never overlap (see
-// `run_rows_into`); sharing the address between threads is then like handing each its own
-// `&mut` piece, and `f32` is `Send`.
-unsafe impl Sync for Base {}
-
-impl Base {
-    /// The address `offset` elements in (a method, so closures capture `Base` whole, which is
-    /// `Sync`, not its raw pointer field).
-    fn at(&self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
-}
-
 /// `[out, t]` row-major as `[t, out]`.
 pub(crate) fn transpose(yt: &[f32], out: usize, t: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; t * out];
@@ -150,12 +128,7 @@ pub(crate) fn transpose_into(yt: &[f32], out: usize, t: usize, y: &mut [f32]) {
         y.copy_from_slice(yt);
         return;
     }
-    let tasks = if t * out < PARALLEL {
-        1
-    } else {
-        pool::threads() * SLABS_PER_THREAD
-    };
-    pool::for_each_piece(y, out, tasks, &|first, piece| {
+    pool::for_each_piece(y, out, t * out >= PARALLEL, &|first, piece| {
         let rows = piece.len() / out;
         for o0 in (0..out).step_by(BLOCK) {
             let o1 = (o0 + BLOCK).min(out);

@@ -40,12 +40,7 @@ pub(super) fn quantize(x: &[f32], t: usize, inp: usize) -> Vec<u8> {
     if t == 0 {
         return out;
     }
-    let tasks = if t < WIDE_T {
-        1
-    } else {
-        crate::pool::threads() * 4
-    };
-    crate::pool::for_each_piece(&mut out, row, tasks, &|first, piece| {
+    crate::pool::for_each_piece(&mut out, row, t >= WIDE_T, &|first, piece| {
         let xs = &x[first * inp..first * inp + piece.len() / row * inp];
         quantize_rows(xs, inp, piece);
     });

@@ -14,7 +14,8 @@
 use burn::tensor::f16;
 
 use crate::pool;
-use crate::slabs::{SLABS_PER_THREAD, Slabs};
+use crate::pool::TASKS_PER_THREAD;
+use crate::slabs::Slabs;
 
 /// Most activation columns one tile holds; larger `T` is split into tiles of this size.
 const TILE_T: usize = 4;
@@ -25,11 +26,11 @@ const LANES: usize = 8;
 const MIN_BYTES_PER_THREAD: usize = 256 * 1024;
 
 /// How many slabs a large matrix is split into for `requested` (0: the pool's choice,
-/// [`SLABS_PER_THREAD`] per thread of [`pool::threads`]; see
+/// [`TASKS_PER_THREAD`] per thread of [`pool::threads`]; see
 /// [`Tuning::host_threads`](super::Tuning::host_threads)).
 pub(super) fn threads(requested: usize) -> usize {
     match requested {
-        0 => pool::threads() * SLABS_PER_THREAD,
+        0 => pool::threads() * TASKS_PER_THREAD,
         n => n,
     }
 }

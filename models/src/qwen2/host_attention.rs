@@ -27,22 +27,22 @@ const PARALLEL_ATTENTION: usize = 1 << 17;
 /// are shared out among the pool's threads when the layer's work is worth it.
 pub(super) fn attention(q: &[f32], kc: &[f32], vc: &[f32], s: AttnShape, out: &mut [f32]) {
     let d = s.d;
-    let work = s.t * (s.start + s.t) * s.heads * d;
-    let tasks = if work < PARALLEL_ATTENTION {
-        1
-    } else {
-        burn_mapped::host::threads() * 4
-    };
-    burn_mapped::host::for_each_piece(out, d, tasks, &|first, piece| {
+    let parallel = s.t * (s.start + s.t) * s.heads * d >= PARALLEL_ATTENTION;
+    // Read once per layer, not per (query, head).
+    let avx2 = cfg!(target_arch = "x86_64")
+        && d.is_multiple_of(8)
+        && burn_mapped::host::cpu_tier() >= burn_mapped::host::CpuTier::Avx2;
+    burn_mapped::host::for_each_piece(out, d, parallel, &|first, piece| {
         let mut scores = vec![0f32; s.start + s.t];
         for (n, o) in piece.chunks_exact_mut(d).enumerate() {
             let (i, h) = ((first + n) / s.heads, (first + n) % s.heads);
-            attend(q, kc, vc, s, i, h, &mut scores, o);
+            attend(q, kc, vc, s, i, h, avx2, &mut scores, o);
         }
     });
 }
 
-/// Query `i`, head `h` of [`attention`] into `o` (`d` values), `scores` its scratch.
+/// Query `i`, head `h` of [`attention`] into `o` (`d` values), `scores` its scratch; `avx2`:
+/// the CPU tier has AVX2 and FMA and `d` is a multiple of 8.
 #[allow(clippy::too_many_arguments)]
 fn attend(
     q: &[f32],
@@ -51,6 +51,7 @@ fn attend(
     s: AttnShape,
     i: usize,
     h: usize,
+    avx2: bool,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
@@ -64,9 +65,10 @@ fn attend(
     let values = &vc[base..base + len * d];
     let scores = &mut scores[..len];
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(8) && burn_mapped::host::cpu_tier() >= burn_mapped::host::CpuTier::Avx2 {
-        // SAFETY: a tier from AVX2 up is only chosen where the CPU has AVX2 and FMA; the
-        // slices hold `len` keys and values of `d` values, `qh` and `o` `d` values.
+    if avx2 {
+        // SAFETY: `avx2` is set only where the process's CPU tier (chosen only where the CPU
+        // has them) has AVX2 and FMA, and `d` is a multiple of 8; the slices hold `len` keys
+        // and values of `d` values, `qh` and `o` `d` values.
         unsafe {
             x86::scores(qh, keys, scale, scores);
             softmax(scores);

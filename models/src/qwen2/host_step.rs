@@ -245,12 +245,8 @@ fn forward(
 
 /// `gate = silu(gate) * up`, rows `[t, inter]`, on the pool's threads for a prompt.
 fn silu_mul(gate: &mut [f32], up: &[f32], inter: usize, t: usize) {
-    let tasks = if t * inter < PARALLEL_ACTIVATION {
-        1
-    } else {
-        burn_mapped::host::threads() * 4
-    };
-    burn_mapped::host::for_each_piece(gate, inter, tasks, &|first, piece| {
+    let parallel = t * inter >= PARALLEL_ACTIVATION;
+    burn_mapped::host::for_each_piece(gate, inter, parallel, &|first, piece| {
         let up = &up[first * inter..first * inter + piece.len()];
         for (g, &u) in piece.iter_mut().zip(up) {
             *g = *g / (1.0 + (-*g).exp()) * u;
