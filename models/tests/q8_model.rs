@@ -448,6 +448,25 @@ fn the_device_step_takes_wide_shapes_or_says_why_not() {
                     .generate(&prompt, NEW, &mut Sampler::greedy(), &[], |_| {})
                     .unwrap();
                 assert_eq!(got, want, "hidden {}", config.hidden_size);
+                // Memory by purpose, from the configuration: the cache is every layer's keys
+                // and values in f32; the weights hold at least every projection's int8 values
+                // and f16 row scales.
+                let c = &config;
+                let bytes = decoder.device_bytes();
+                let capacity = prompt.len() + NEW;
+                let kv = c.num_key_value_heads * c.head_dim;
+                assert_eq!(
+                    bytes.cache,
+                    (c.num_hidden_layers * 2 * kv * capacity * 4) as u64
+                );
+                let q8 = |out: usize, inp: usize| (out * inp + 2 * out) as u64;
+                let (h, i) = (c.hidden_size, c.intermediate_size);
+                let projections = 2 * q8(h, h) + 2 * q8(kv, h) + 2 * q8(i, h) + q8(h, i);
+                assert!(
+                    bytes.weights >= c.num_hidden_layers as u64 * projections,
+                    "{bytes:?}"
+                );
+                assert!(bytes.scratch > 0, "{bytes:?}");
             }
             Err(refused) => {
                 // Only an adapter with less shared memory than the split needs may refuse.

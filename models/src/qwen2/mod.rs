@@ -21,7 +21,7 @@ pub use config::{
     Qwen2Config,
 };
 #[cfg(feature = "cubecl")]
-pub use device_step::{DeviceDecoder, DeviceStepError, DeviceStepRefused};
+pub use device_step::{DeviceBytes, DeviceDecoder, DeviceStepError, DeviceStepRefused};
 pub use generate::GenerateError;
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};
 pub use model::{

@@ -140,6 +140,24 @@ struct Summary {
     /// Where that time goes: each kind of launch's device time in one step, in microseconds,
     /// each launch timed alone (so the kinds add up to more than the step).
     device_us_by_launch: Option<Vec<(&'static str, f64)>>,
+    /// The device step's device memory in bytes: weights, key/value cache, scratch.
+    device_memory: Option<DeviceMemory>,
+}
+
+/// The device step's device memory, by purpose.
+#[derive(Serialize)]
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "vulkan")),
+    expect(dead_code, reason = "only a GPU build runs the device step")
+)]
+struct DeviceMemory {
+    /// The model's parameters the step reads.
+    weights_bytes: u64,
+    /// The key and value cache.
+    cache_bytes: u64,
+    /// Activations, logits, sampling and position tables, the largest prompt pass's
+    /// activations.
+    scratch_bytes: u64,
 }
 
 /// How the tokens were decoded, for the summary.
@@ -149,6 +167,7 @@ struct DecodePath {
     host_us_per_token: Option<f64>,
     device_us_per_token: Option<f64>,
     device_us_by_launch: Option<Vec<(&'static str, f64)>>,
+    device_memory: Option<DeviceMemory>,
 }
 
 const TENSOR_OPS: DecodePath = DecodePath {
@@ -157,6 +176,7 @@ const TENSOR_OPS: DecodePath = DecodePath {
     host_us_per_token: None,
     device_us_per_token: None,
     device_us_by_launch: None,
+    device_memory: None,
 };
 
 /// The prompt and the requested tokens do not fit the model's context.
@@ -407,6 +427,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         host_us_per_token: path.host_us_per_token,
         device_us_per_token: path.device_us_per_token,
         device_us_by_launch: path.device_us_by_launch,
+        device_memory: path.device_memory,
     };
     drop(stdout);
     if args.json {
@@ -505,6 +526,14 @@ impl DeviceRun<'_> {
             host_us_per_token: decoder.host_time_per_token().map(|t| t.as_secs_f64() * 1e6),
             device_us_per_token,
             device_us_by_launch,
+            device_memory: Some({
+                let b = decoder.device_bytes();
+                DeviceMemory {
+                    weights_bytes: b.weights,
+                    cache_bytes: b.cache,
+                    scratch_bytes: b.scratch,
+                }
+            }),
         };
         Ok(Stepped::Ran(generated, path))
     }

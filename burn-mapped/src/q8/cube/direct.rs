@@ -91,6 +91,11 @@ impl DirectWeight {
     pub fn client(&self) -> &Client {
         &self.values.client
     }
+
+    /// Device bytes of its values and scales.
+    pub fn bytes(&self) -> u64 {
+        self.values.handle.size_in_used() + self.scales.handle.size_in_used()
+    }
 }
 
 /// Why a direct launch was refused.

@@ -81,6 +81,18 @@ pub enum DeviceStepError {
     Device(String),
 }
 
+/// Device memory of a [`DeviceDecoder`], in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceBytes {
+    /// The model's parameters the step reads (uploaded with the model; the step adds none).
+    pub weights: u64,
+    /// The key and value cache.
+    pub cache: u64,
+    /// Activations, logits, sampling and position tables, and the largest prompt pass's
+    /// activations.
+    pub scratch: u64,
+}
+
 /// Why the device step does not take a model (the model then decodes through tensor ops).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -146,6 +158,21 @@ struct Acts {
 }
 
 impl Acts {
+    fn bytes(&self) -> u64 {
+        [
+            &self.h0,
+            &self.h1,
+            &self.split_h,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.split_i,
+        ]
+        .iter()
+        .map(|h| h.size_in_used())
+        .sum()
+    }
+
     fn new(client: &Client, d: &Dims, rows: usize) -> Self {
         let f32s = |n: usize| client.empty(rows * n * size_of::<f32>());
         Self {
@@ -246,6 +273,8 @@ pub struct DeviceDecoder {
     launches: usize,
     /// The most prompt positions one prefill pass takes.
     prefill_rows: usize,
+    /// Device bytes of the largest prefill pass's activations so far (made per prompt).
+    prefill_bytes: u64,
     /// Host time spent enqueuing the steady steps (replays, or launches without a graph) that
     /// generated tokens, and how many.
     host: std::time::Duration,
@@ -530,11 +559,62 @@ impl DeviceDecoder {
             choice: Choice::Greedy,
             launches: 0,
             prefill_rows: PREFILL_ROWS,
+            prefill_bytes: 0,
             host: std::time::Duration::ZERO,
             chosen: 0,
             last_run: None,
             timer: RefCell::new(None),
         })
+    }
+
+    /// Device memory the step holds, by purpose.
+    pub fn device_bytes(&self) -> DeviceBytes {
+        let tensor = |t: &CubeTensor| t.handle.size_in_used();
+        let layers = self.layers.iter().map(|l| {
+            let products = [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down];
+            let rest = [
+                &l.in_norm.weight,
+                &l.post_norm.weight,
+                &l.q_bias,
+                &l.k_bias,
+                &l.v_bias,
+            ];
+            products.iter().map(|w| w.bytes()).sum::<u64>()
+                + rest.into_iter().map(tensor).sum::<u64>()
+        });
+        let weights = layers.sum::<u64>()
+            + self.embed.iter().map(|(t, _)| tensor(t)).sum::<u64>()
+            + tensor(&self.norm.weight)
+            + self.head.iter().map(|(w, _)| w.bytes()).sum::<u64>();
+        let cache = self
+            .layers
+            .iter()
+            .map(|l| l.kc.size_in_used() + l.vc.size_in_used())
+            .sum();
+        let b = &self.buf;
+        let n = &b.nucleus;
+        let step = [
+            &b.logits,
+            &b.parts.0,
+            &b.parts.1,
+            &b.ids,
+            &b.pos,
+            &n.draws,
+            &n.cand,
+            &n.cand_ids,
+            &n.counts,
+            &b.cos,
+            &b.sin,
+        ];
+        let scratch = b.acts.bytes()
+            + b.block_logits.as_ref().map_or(0, |h| h.size_in_used())
+            + step.iter().map(|h| h.size_in_used()).sum::<u64>()
+            + self.prefill_bytes;
+        DeviceBytes {
+            weights,
+            cache,
+            scratch,
+        }
     }
 
     /// This decoder launching every step instead of recording it (the fallback where a runtime
@@ -895,6 +975,7 @@ impl DeviceDecoder {
     fn prefill(&mut self, n: usize) -> Result<(), DeviceStepError> {
         let rows = self.prefill_rows.min(n);
         let acts = Acts::new(&self.client, &self.dims, rows);
+        self.prefill_bytes = self.prefill_bytes.max(acts.bytes());
         for start in (0..n).step_by(rows) {
             let t = rows.min(n - start);
             self.client.write(&self.buf.pos, u32_bytes(start as u32));
