@@ -2,10 +2,13 @@
 //! skips a test or fails it, and the independent float64 reference of it
 //! (`models/tests/fixtures/qwen25_real`, written by `make_reference.py`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_mapped_models::qwen2::Qwen2ForCausalLM;
 use burn_mapped_models::tokenizer::chat_prompt;
 use burn_mapped_tools::fetch::{QWEN25_CODER_05B, default_cache_dir};
+use burn_mapped_tools::qwen::{self, ModelPaths, StoreDType};
 use serde_json::Value;
 
 use crate::numeric::read_f32s;
@@ -182,10 +185,27 @@ pub fn u32s(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The weights of the GGUF at `gguf` as `dtype` (`None`: the GGUF read in place), resolved as
+/// the CLI resolves them: a store in the fetch cache, converted on first use.
+pub fn resolve(gguf: &Path, dtype: Option<StoreDType>) -> ModelPaths {
+    qwen::resolve(gguf.to_str().unwrap(), dtype, &default_cache_dir(), None)
+        .unwrap_or_else(|e| panic!("resolving {} as {dtype:?}: {e}", gguf.display()))
+}
+
+/// The logits after prefilling `prompt` in a fresh cache: what the reference's
+/// `first_logits` hold.
+pub fn first_logits(model: &Qwen2ForCausalLM, prompt: &[u32], device: &Device) -> Vec<f32> {
+    let mut cache = model.new_cache(1, prompt.len() + 1);
+    let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt.len()]), device);
+    let logits = model.forward_last(tokens, &mut cache).unwrap();
+    logits.into_data().convert::<f32>().try_to_vec().unwrap()
+}
+
 /// The model at `paths` loaded on `device` as the CLI loads it, its weights adopted (`map`) in
 /// strict mode, so a test that would write a mapped page fails instead.
 pub fn load(
-    paths: &burn_mapped_tools::qwen::ModelPaths,
+    paths: &ModelPaths,
     device: &burn::tensor::Device,
 ) -> burn_mapped_models::qwen2::load::Loaded {
     burn_mapped_models::qwen2::load::load(

@@ -5,10 +5,11 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device};
 use burn_mapped_models::qwen2::{Sampler, argmax};
-use burn_mapped_tests::real::{COMPARED_TOKENS, real_first_logits_prompt0, real_reference};
-use burn_mapped_tools::fetch::default_cache_dir;
+use burn_mapped_tests::real::{
+    COMPARED_TOKENS, first_logits, real_first_logits_prompt0, real_reference, resolve,
+};
 use burn_mapped_tools::qwen::{self, StoreDType};
 
 #[test]
@@ -17,14 +18,7 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
         return;
     };
     let reference = real_reference();
-    let cache = default_cache_dir();
-    let paths = qwen::resolve(
-        gguf.to_str().unwrap(),
-        Some(StoreDType::Float(DType::F32)),
-        &cache,
-        None,
-    )
-    .unwrap();
+    let paths = resolve(&gguf, Some(StoreDType::Float(DType::F32)));
     let before = burn_mapped::MappedStore::open(paths.weights_path())
         .unwrap()
         .verify();
@@ -42,12 +36,7 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
         assert_eq!(prompt_ids, p.prompt_ids, "prompt {i} tokenization");
 
         // First-position logits after prefill.
-        let mut cache = loaded.model.new_cache(1, prompt_ids.len() + 40);
-        let input: Vec<i64> = prompt_ids.iter().map(|&t| t as i64).collect();
-        let tokens =
-            Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt_ids.len()]), &device);
-        let logits = loaded.model.forward_last(tokens, &mut cache).unwrap();
-        let logits: Vec<f32> = logits.into_data().convert::<f32>().try_to_vec().unwrap();
+        let logits = first_logits(&loaded.model, &prompt_ids, &device);
         let worst = p.first.top_error(&logits);
         assert_eq!(argmax(&logits).unwrap(), p.first.argmax);
         if i == 0 {

@@ -12,13 +12,14 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use burn_mapped::gguf::{GgmlType, GgufFile};
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax, hf_name};
 use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
-use burn_mapped_tests::real::{COMPARED_TOKENS, real_long_reference, real_reference};
-use burn_mapped_tools::fetch::default_cache_dir;
+use burn_mapped_tests::real::{
+    COMPARED_TOKENS, first_logits, real_long_reference, real_reference, resolve,
+};
 use burn_mapped_tools::qwen::{self, StoreDType};
 
 /// Largest first-position logit error allowed, `max |blocks - ref| / max |ref|` over the
@@ -41,14 +42,7 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
         return;
     };
     let reference = real_reference();
-    let cache = default_cache_dir();
-    let paths = qwen::resolve(
-        gguf.to_str().unwrap(),
-        Some(StoreDType::Blocks),
-        &cache,
-        None,
-    )
-    .unwrap();
+    let paths = resolve(&gguf, Some(StoreDType::Blocks));
     let name = paths.weights_path().file_name().unwrap().to_string_lossy();
     assert!(
         name.starts_with("qwen2.5-coder-0.5b-instruct-q4_k_m-") && name.ends_with("-blocks"),
@@ -114,12 +108,7 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
     for (i, p) in reference.iter().chain(&long).enumerate() {
         let prompt = tokenizer.encode(&p.built_text()).unwrap();
         assert_eq!(prompt, p.prompt_ids, "prompt {i} tokenization");
-        let mut cache = loaded.model.new_cache(1, prompt.len() + 1);
-        let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-        let tokens =
-            Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt.len()]), &device);
-        let logits = loaded.model.forward_last(tokens, &mut cache).unwrap();
-        let logits: Vec<f32> = logits.into_data().convert::<f32>().try_to_vec().unwrap();
+        let logits = first_logits(&loaded.model, &prompt, &device);
         let err = p.first.top_error(&logits);
         let top1 = argmax(&logits).unwrap();
         if err >= LOGIT_BOUND {

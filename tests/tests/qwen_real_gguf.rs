@@ -10,30 +10,17 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax};
 use burn_mapped_models::tokenizer::Qwen2Tokenizer;
 use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, mapped_ranges};
-use burn_mapped_tests::real::{COMPARED_TOKENS, real_reference};
-use burn_mapped_tools::fetch::default_cache_dir;
-use burn_mapped_tools::qwen::{self, StoreDType, WeightsPath};
+use burn_mapped_tests::real::{COMPARED_TOKENS, first_logits, real_reference, resolve};
+use burn_mapped_tools::qwen::{StoreDType, WeightsPath};
 
 /// The `blocks` store test's bound on the first-position logit error against the reference.
 const LOGIT_BOUND: f64 = 2e-2;
-
-fn first_logits(
-    model: &burn_mapped_models::qwen2::Qwen2ForCausalLM,
-    prompt: &[u32],
-    device: &Device,
-) -> Vec<f32> {
-    let mut cache = model.new_cache(1, prompt.len() + 1);
-    let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-    let tokens = Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt.len()]), device);
-    let logits = model.forward_last(tokens, &mut cache).unwrap();
-    logits.into_data().convert::<f32>().try_to_vec().unwrap()
-}
 
 #[test]
 fn the_gguf_read_in_place_decodes_as_the_blocks_store_does_from_its_own_pages() {
@@ -41,13 +28,11 @@ fn the_gguf_read_in_place_decodes_as_the_blocks_store_does_from_its_own_pages() 
         return;
     };
     let reference = real_reference();
-    let cache = default_cache_dir();
-    let spec = gguf.to_str().unwrap();
-    let in_place = qwen::resolve(spec, None, &cache, None).unwrap();
+    let in_place = resolve(&gguf, None);
     assert!(
         matches!(&in_place.weights, WeightsPath::Gguf(p) if *p == gguf.canonicalize().unwrap())
     );
-    let blocks = qwen::resolve(spec, Some(StoreDType::Blocks), &cache, None).unwrap();
+    let blocks = resolve(&gguf, Some(StoreDType::Blocks));
     let device = Device::flex();
 
     let anon_before = rss_self().unwrap().anon;

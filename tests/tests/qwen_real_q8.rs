@@ -15,11 +15,9 @@
 
 use std::time::Instant;
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use burn_mapped_models::qwen2::load::Loaded;
+use burn::tensor::{DType, Device};
 use burn_mapped_models::qwen2::{Sampler, argmax};
-use burn_mapped_tests::real::{real_first_logits_prompt0, real_reference};
-use burn_mapped_tools::fetch::default_cache_dir;
+use burn_mapped_tests::real::{first_logits, real_first_logits_prompt0, real_reference, resolve};
 use burn_mapped_tools::qwen::{self, StoreDType};
 
 /// Greedy tokens decoded per prompt.
@@ -34,25 +32,14 @@ const NEW_TOKENS: usize = 64;
 /// gives errors of order 1.
 const LOGIT_BOUND: f64 = 5e-2;
 
-fn first_logits(model: &Loaded, prompt: &[u32], device: &Device) -> Vec<f32> {
-    let mut cache = model.model.new_cache(1, prompt.len() + 1);
-    let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-    let tokens = Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt.len()]), device);
-    let logits = model.model.forward_last(tokens, &mut cache).unwrap();
-    logits.into_data().convert::<f32>().try_to_vec().unwrap()
-}
-
 #[test]
 fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
     let Some(gguf) = burn_mapped_tests::real_gguf() else {
         return;
     };
-    let reference = real_reference();
-    let cache = default_cache_dir();
-    let gguf = gguf.to_str().unwrap();
     let start = Instant::now();
-    let q8_paths = qwen::resolve(gguf, Some(StoreDType::Q8), &cache, None).unwrap();
-    let f32_paths = qwen::resolve(gguf, Some(StoreDType::Float(DType::F32)), &cache, None).unwrap();
+    let q8_paths = resolve(&gguf, Some(StoreDType::Q8));
+    let f32_paths = resolve(&gguf, Some(StoreDType::Float(DType::F32)));
     eprintln!("stores ready in {:.1} s", start.elapsed().as_secs_f64());
     let name = q8_paths
         .weights_path()
@@ -102,12 +89,12 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
     )];
     let mut logits0 = Vec::new();
     let mut failures = Vec::new();
-    for (i, p) in reference.iter().enumerate() {
+    for (i, p) in real_reference().iter().enumerate() {
         let prompt = tokenizer.encode(&p.built_text()).unwrap();
         assert_eq!(prompt, p.prompt_ids, "prompt {i} tokenization");
 
-        let q8_logits = first_logits(&q8, &prompt, &device);
-        let f32_logits = first_logits(&f32, &prompt, &device);
+        let q8_logits = first_logits(&q8.model, &prompt, &device);
+        let f32_logits = first_logits(&f32.model, &prompt, &device);
         let q8_err = p.first.top_error(&q8_logits);
         let f32_err = p.first.top_error(&f32_logits);
         let margin = p.first.margin();
