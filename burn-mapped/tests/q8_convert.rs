@@ -13,6 +13,7 @@ use burn_mapped::convert::{CastTo, ConvertError, ConvertOptions, from_burnpack, 
 use burn_mapped::gguf::{GgufConvert, GgufConvertError, MappedGguf, gguf_to_store};
 use burn_mapped::q8::{Q8Error, is_projection_weight, scale_name};
 use burn_mapped::{Manifest, MappedStore, StoreError, manifest::Q8_ROW_F16};
+use burn_mapped_tests::json::{u32s, usizes};
 use burn_mapped_tests::numeric::f16_value;
 use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
 use q8_common::Rng;
@@ -413,17 +414,10 @@ fn tiny_tensors() -> Vec<(String, [usize; 2], Vec<f64>)> {
         .unwrap()
         .iter()
         .map(|t| {
-            let dims: Vec<usize> = t["dims"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize)
-                .collect();
-            let values = t["f32_bits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|b| f64::from(f32::from_bits(b.as_u64().unwrap() as u32)))
+            let dims = usizes(&t["dims"]);
+            let values = u32s(&t["f32_bits"])
+                .into_iter()
+                .map(|b| f64::from(f32::from_bits(b)))
                 .collect();
             (
                 t["name"].as_str().unwrap().to_string(),

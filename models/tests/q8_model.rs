@@ -24,12 +24,7 @@ fn read_safetensors(path: &Path) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         .filter(|(k, _)| k != "__metadata__")
         .map(|(name, v)| {
             assert_eq!(v["dtype"], "F32", "{name}");
-            let shape: Vec<usize> = v["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize)
-                .collect();
+            let shape = burn_mapped_tests::json::usizes(&v["shape"]);
             let off = v["data_offsets"].as_array().unwrap();
             let (a, b) = (
                 off[0].as_u64().unwrap() as usize,

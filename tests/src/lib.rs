@@ -3,15 +3,16 @@
 //! checkpoint and its float64 reference ([`real`]), the tiny transformers fixtures
 //! ([`tiny_qwen2`]), inputs the tests write themselves ([`synthetic`]), where this process maps
 //! files ([`maps`]), where a backend keeps each parameter's bytes ([`params`], [`flex`]),
-//! numbers computed independently of the code under test ([`numeric`]), GGUF files written byte
-//! by byte ([`gguf`]) and, with the `wgpu`
-//! feature, the GPU adapter a test runs on (`gpu`).
+//! numbers computed independently of the code under test ([`numeric`]), the fixtures' JSON
+//! arrays ([`json`]), GGUF files written byte by byte ([`gguf`]) and, with the `wgpu` feature,
+//! the GPU adapter a test runs on (`gpu`).
 //!
 //! Other crates take this package as a dev-dependency (a cycle cargo allows for integration
 //! tests, which link one copy of each crate).
 
 pub mod flex;
 pub mod gguf;
+pub mod json;
 #[cfg(feature = "wgpu")]
 pub mod gpu;
 pub mod maps;

@@ -11,6 +11,7 @@ use burn_mapped_tools::fetch::{QWEN25_CODER_05B, default_cache_dir};
 use burn_mapped_tools::qwen::{self, ModelPaths, StoreDType};
 use serde_json::Value;
 
+use crate::json::{f64s, u32s, usizes};
 use crate::numeric::read_f32s;
 
 /// The fixture folder of the float64 reference.
@@ -145,25 +146,12 @@ fn reference_prompts(key: &str) -> Vec<RealPrompt> {
                     .then(|| p["user_message"].as_str().unwrap().to_owned()),
                 prompt_ids: u32s(&p["prompt_ids"]),
                 generated_ids: u32s(&p["generated_ids"]),
-                margins: p["margins"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap())
-                    .collect(),
+                margins: f64s(&p["margins"]),
                 min_margin: p["min_margin"].as_f64().unwrap(),
                 first: FirstLogits {
                     argmax: first["argmax"].as_u64().unwrap() as u32,
-                    top_indices: u32s(&first["top_indices"])
-                        .into_iter()
-                        .map(|i| i as usize)
-                        .collect(),
-                    top_values: first["top_values_f32"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.as_f64().unwrap())
-                        .collect(),
+                    top_indices: usizes(&first["top_indices"]),
+                    top_values: f64s(&first["top_values_f32"]),
                     max_abs: first["max_abs"].as_f64().unwrap(),
                 },
             }
@@ -174,15 +162,6 @@ fn reference_prompts(key: &str) -> Vec<RealPrompt> {
 /// Every first-position logit of prompt 0 (`first_logits_prompt0.f32`).
 pub fn real_first_logits_prompt0() -> Vec<f32> {
     read_f32s(format!("{REAL_FIXTURE}/first_logits_prompt0.f32"))
-}
-
-/// A JSON array of token ids.
-pub fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// The weights of the GGUF at `gguf` as `dtype` (`None`: the GGUF read in place), resolved as

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{KvCache, Qwen2ForCausalLM, argmax};
 
+use crate::json::u32s;
 use crate::numeric::read_f32s;
-use crate::real::u32s;
 
 /// Bound on `max |ours - hf| / max |hf|` per logits row. Both sides are f32 with different
 /// summation orders; observed errors are near 1e-6.

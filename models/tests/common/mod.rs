@@ -35,12 +35,7 @@ pub fn safetensors_shapes(path: &std::path::Path) -> Vec<(String, Vec<usize>)> {
         .into_iter()
         .filter(|(k, _)| k != "__metadata__")
         .map(|(k, v)| {
-            let shape = v["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize)
-                .collect();
+            let shape = burn_mapped_tests::json::usizes(&v["shape"]);
             (k, shape)
         })
         .collect();
