@@ -13,8 +13,10 @@ const TINY_JSON: &str = include_str!("fixtures/gguf/tiny.json");
 
 // The byte-level builder writes exactly what the tests say, valid or not.
 use burn_mapped_tests::gguf::{
-    Builder, F16, F32, Q8_0, T_ARRAY, T_BOOL, T_STRING, T_U8, T_U64, gstr, le32, le64,
+    Builder, F16, F32, Q8_0, T_ARRAY, T_BOOL, T_STRING, T_U8, T_U64, assert_table_like_gguf_py,
+    gstr, le32, le64,
 };
+use burn_mapped_tests::json::u64s;
 
 /// A small valid file: an F32 vector and an F16 matrix.
 fn valid() -> Builder {
@@ -206,20 +208,7 @@ fn tensor_bytes_rejects_a_buffer_that_was_not_parsed() {
 fn parses_a_file_written_by_gguf_py_like_gguf_py_reads_it() {
     let expected: Json = serde_json::from_str(TINY_JSON).unwrap();
     let gguf = GgufFile::parse(TINY_GGUF).unwrap();
-    assert_eq!(
-        u64::from(gguf.version()),
-        expected["version"].as_u64().unwrap()
-    );
-    assert_eq!(gguf.file_len(), expected["file_len"].as_u64().unwrap());
-    assert_eq!(gguf.alignment(), expected["alignment"].as_u64().unwrap());
-    assert_eq!(
-        gguf.data_offset(),
-        expected["data_offset"].as_u64().unwrap()
-    );
-    assert_eq!(
-        gguf.metadata().len() as u64,
-        expected["kv_count"].as_u64().unwrap()
-    );
+    assert_table_like_gguf_py(&gguf, &expected);
     let meta = expected["metadata"].as_object().unwrap();
     assert_eq!(gguf.metadata().len(), meta.len());
     for (key, want) in meta {
@@ -235,32 +224,19 @@ fn parses_a_file_written_by_gguf_py_like_gguf_py_reads_it() {
     want_sorted.sort_unstable();
     assert_eq!(sorted, want_sorted);
 
-    let tensors = expected["tensors"].as_array().unwrap();
-    assert_eq!(gguf.tensors().len(), tensors.len());
-    for (info, want) in gguf.tensors().iter().zip(tensors) {
-        assert_eq!(info.name(), want["name"].as_str().unwrap());
-        assert_eq!(info.ggml_type().name(), want["ggml_type"].as_str().unwrap());
-        let dims: Vec<u64> = want["dims"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap())
-            .collect();
-        assert_eq!(info.dims(), dims.as_slice(), "{}", info.name());
-        assert_eq!(info.offset(), want["offset"].as_u64().unwrap());
-        assert_eq!(info.byte_len(), want["n_bytes"].as_u64().unwrap());
+    // Every tensor dequantized to gguf-py's values, bit for bit.
+    for (info, want) in gguf
+        .tensors()
+        .iter()
+        .zip(expected["tensors"].as_array().unwrap())
+    {
         let values = dequantize_to_vec(
             info.ggml_type(),
             gguf.tensor_bytes(TINY_GGUF, info).unwrap(),
         )
         .unwrap();
         let bits: Vec<u64> = values.iter().map(|v| u64::from(v.to_bits())).collect();
-        let want_bits: Vec<u64> = want["f32_bits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b.as_u64().unwrap())
-            .collect();
+        let want_bits = u64s(&want["f32_bits"]);
         assert_eq!(bits, want_bits, "{}", info.name());
     }
 }

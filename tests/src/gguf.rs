@@ -2,6 +2,10 @@
 //! or not, and [`tiny_qwen2`], a small valid Qwen2 checkpoint (random f32 weights and a
 //! byte-level vocabulary) for tests that need a whole model without the real one.
 
+use burn_mapped::gguf::GgufFile;
+use serde_json::Value as Json;
+
+use crate::json::u64s;
 use crate::synthetic::pattern;
 
 /// GGUF value type ids.
@@ -288,4 +292,27 @@ pub fn tiny_qwen2(dims: TinyDims, seed: u64) -> Builder {
     }
     b = ones(b, "output_norm.weight", h);
     weights(b, "output.weight", &[h, vocab])
+}
+
+/// Asserts that `gguf`'s header and tensor table, entry by entry, are what the Python `gguf`
+/// package read from the same file (`expected`: a fixture written by `make_fixture.py`).
+pub fn assert_table_like_gguf_py(gguf: &GgufFile, expected: &Json) {
+    let field = |key: &str| expected[key].as_u64().unwrap();
+    assert_eq!(u64::from(gguf.version()), field("version"));
+    assert_eq!(gguf.file_len(), field("file_len"));
+    assert_eq!(gguf.tensors().len() as u64, field("tensor_count"));
+    assert_eq!(gguf.metadata().len() as u64, field("kv_count"));
+    assert_eq!(gguf.alignment(), field("alignment"));
+    assert_eq!(gguf.data_offset(), field("data_offset"));
+    let tensors = expected["tensors"].as_array().unwrap();
+    assert_eq!(gguf.tensors().len(), tensors.len());
+    for (info, want) in gguf.tensors().iter().zip(tensors) {
+        let name = info.name();
+        assert_eq!(name, want["name"].as_str().unwrap());
+        let ggml_type = want["ggml_type"].as_str().unwrap();
+        assert_eq!(info.ggml_type().name(), ggml_type, "{name}");
+        assert_eq!(info.dims(), u64s(&want["dims"]), "{name}");
+        assert_eq!(info.offset(), want["offset"].as_u64().unwrap(), "{name}");
+        assert_eq!(info.byte_len(), want["n_bytes"].as_u64().unwrap(), "{name}");
+    }
 }
