@@ -18,6 +18,7 @@ use burn_mapped::convert::{
     from_safetensors,
 };
 use burn_mapped::{Manifest, MappedRecorder, MappedStore};
+use burn_mapped_tests::assert_matches;
 use burn_mapped_tests::numeric::f32_le_bytes;
 use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
 use burn_mapped_tests::tempdir;
@@ -470,9 +471,9 @@ fn rejects_an_index_whose_shard_is_outside_its_directory() {
         &mut ConvertOptions::default(),
     )
     .unwrap_err();
-    assert!(
-        matches!(&err, ConvertError::UnsafeShardName { shard, .. } if shard == "../elsewhere.safetensors"),
-        "{err}"
+    assert_matches!(
+        &err,
+        ConvertError::UnsafeShardName { shard, .. } if shard == "../elsewhere.safetensors"
     );
 }
 
@@ -640,7 +641,7 @@ fn rejects_a_malformed_header_with_the_safetensors_error() {
     std::fs::write(&file, &bytes).unwrap();
     let err =
         from_safetensors(&file, tmp.path().join("s"), &mut ConvertOptions::default()).unwrap_err();
-    assert!(matches!(err, ConvertError::Safetensors { .. }), "{err}");
+    assert_matches!(err, ConvertError::Safetensors { .. });
 }
 
 // The fuzz seed `safetensors_header/data-length-overflow.safetensors`: eight u8 tensors of
@@ -690,9 +691,9 @@ fn rejects_bool_bytes_other_than_zero_and_one() {
     );
     let err =
         from_safetensors(&file, tmp.path().join("s"), &mut ConvertOptions::default()).unwrap_err();
-    assert!(
-        matches!(&err, ConvertError::InvalidBool { tensor, index: 2, value: 2, .. } if tensor == "mask"),
-        "{err}"
+    assert_matches!(
+        &err,
+        ConvertError::InvalidBool { tensor, index: 2, value: 2, .. } if tensor == "mask"
     );
 }
 
@@ -1068,10 +1069,7 @@ fn rejects_a_corrupt_burnpack() {
     std::fs::write(&path, b"NOPE-not-a-burnpack-file").unwrap();
     let err =
         from_burnpack(&path, tmp.path().join("s"), &mut ConvertOptions::default()).unwrap_err();
-    assert!(
-        matches!(&err, ConvertError::Burnpack { file, .. } if file == &path),
-        "{err}"
-    );
+    assert_matches!(&err, ConvertError::Burnpack { file, .. } if file == &path);
     assert!(err.to_string().contains("bad.bpk"));
 }
 
@@ -1093,7 +1091,7 @@ fn rejects_a_truncated_burnpack() {
     std::fs::write(&path, &full[..full.len() - 10]).unwrap();
     let err =
         from_burnpack(&path, tmp.path().join("s"), &mut ConvertOptions::default()).unwrap_err();
-    assert!(matches!(err, ConvertError::Burnpack { .. }), "{err}");
+    assert_matches!(err, ConvertError::Burnpack { .. });
 }
 
 struct Ids(Vec<(String, u64)>, Vec<String>);

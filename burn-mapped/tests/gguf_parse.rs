@@ -6,6 +6,7 @@ use burn_mapped::gguf::{
     MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS, MappedGguf, Value,
     ValueType, dequantize_to_vec,
 };
+use burn_mapped_tests::assert_matches;
 use serde_json::Value as Json;
 
 const TINY_GGUF: &[u8] = include_bytes!("fixtures/gguf/tiny.gguf");
@@ -196,10 +197,7 @@ fn tensor_bytes_rejects_a_buffer_that_was_not_parsed() {
     let err = gguf
         .tensor_bytes(&bytes[..bytes.len() - 1], info)
         .unwrap_err();
-    assert!(
-        matches!(&err, GgufError::BufferMismatch { tensor, .. } if tensor == "mat"),
-        "{err}"
-    );
+    assert_matches!(&err, GgufError::BufferMismatch { tensor, .. } if tensor == "mat");
 }
 
 /// `tiny.gguf` was written by `gguf.GGUFWriter`; `tiny.json` is what
@@ -345,9 +343,9 @@ fn maps_a_file_from_disk() {
 fn rejects_a_missing_file() {
     let dir = tempfile::tempdir().unwrap();
     let err = GgufFile::open(dir.path().join("absent.gguf")).unwrap_err();
-    assert!(
-        matches!(&err, GgufError::Io { action: "open", source, .. } if source.kind() == std::io::ErrorKind::NotFound),
-        "{err}"
+    assert_matches!(
+        &err,
+        GgufError::Io { action: "open", source, .. } if source.kind() == std::io::ErrorKind::NotFound
     );
 }
 
@@ -361,10 +359,7 @@ fn open_names_the_file_of_a_parse_error() {
         let path = dir.path().join(name);
         std::fs::write(&path, contents).unwrap();
         let err = GgufFile::open(&path).unwrap_err();
-        assert!(
-            matches!(&err, GgufError::InFile { path: p, .. } if *p == path),
-            "{err}"
-        );
+        assert_matches!(&err, GgufError::InFile { path: p, .. } if *p == path);
         assert!(matches!(
             err.innermost(),
             GgufError::Truncated { .. } | GgufError::BadMagic { .. }
@@ -379,10 +374,7 @@ fn open_names_the_file_of_a_parse_error() {
 fn rejects_bad_magic() {
     let mut b = valid();
     b.magic = *b"GGML";
-    assert!(matches!(
-        parse_err(&b.build()),
-        GgufError::BadMagic { found } if &found == b"GGML"
-    ));
+    assert_matches!(parse_err(&b.build()), GgufError::BadMagic { found } if &found == b"GGML");
 }
 
 #[test]
@@ -390,10 +382,10 @@ fn rejects_unsupported_versions() {
     for version in [1, 4, 0x0300_0000] {
         let mut b = valid();
         b.version = version;
-        assert!(matches!(
+        assert_matches!(
             parse_err(&b.build()),
             GgufError::UnsupportedVersion { version: v } if v == version
-        ));
+        );
     }
 }
 
@@ -418,10 +410,10 @@ fn rejects_a_truncated_header() {
 fn rejects_a_tensor_count_above_the_cap() {
     let mut b = valid();
     b.n_tensors = Some(MAX_TENSORS + 1);
-    assert!(matches!(
+    assert_matches!(
         parse_err(&b.build()),
         GgufError::TooMany { what: "tensors", count, max: MAX_TENSORS } if count == MAX_TENSORS + 1
-    ));
+    );
 }
 
 #[test]
@@ -442,30 +434,30 @@ fn rejects_a_metadata_count_above_the_cap() {
 fn rejects_a_metadata_count_larger_than_the_file() {
     let mut b = valid();
     b.n_kv = Some(MAX_METADATA_ENTRIES);
-    assert!(matches!(
+    assert_matches!(
         parse_err(&b.build()),
         GgufError::CountExceedsFile { what, count: MAX_METADATA_ENTRIES, .. } if what == "metadata"
-    ));
+    );
 }
 
 #[test]
 fn rejects_a_tensor_count_larger_than_the_file() {
     let mut b = valid();
     b.n_tensors = Some(1000);
-    assert!(matches!(
+    assert_matches!(
         parse_err(&b.build()),
         GgufError::CountExceedsFile { what, count: 1000, min_item_bytes: 24, .. } if what == "tensor table"
-    ));
+    );
 }
 
 #[test]
 fn rejects_a_key_longer_than_the_cap() {
     let key = "k".repeat(MAX_KEY_LEN as usize + 1);
     let bytes = Builder::new().kv_u32(&key, 1).build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::StringTooLong { len, max: MAX_KEY_LEN, .. } if len == MAX_KEY_LEN + 1
-    ));
+    );
 }
 
 #[test]
@@ -474,19 +466,19 @@ fn rejects_a_string_value_longer_than_the_cap() {
     let bytes = Builder::new()
         .kv("s", T_STRING, le64(MAX_STRING_LEN + 1))
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::StringTooLong { field, max: MAX_STRING_LEN, .. } if field == "value of key s"
-    ));
+    );
 }
 
 #[test]
 fn rejects_a_string_longer_than_the_rest_of_the_file() {
     let bytes = Builder::new().kv("s", T_STRING, le64(1000)).build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::Truncated { field, needed: 1000, .. } if field == "value of key s"
-    ));
+    );
 }
 
 #[test]
@@ -496,29 +488,29 @@ fn rejects_a_tensor_name_longer_than_the_cap() {
         .tensor(&name, &[4], F32, 0)
         .data(vec![0; 16])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::StringTooLong { field, max: MAX_TENSOR_NAME_LEN, .. } if field == "name of tensor 0"
-    ));
+    );
 }
 
 #[test]
 fn rejects_invalid_utf8() {
     let bytes = Builder::new().kv("s", T_STRING, gstr(b"\xFF\xFE")).build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::InvalidUtf8 { field } if field == "value of key s"
-    ));
+    );
 }
 
 #[test]
 fn rejects_an_array_longer_than_the_cap() {
     let value = [le32(T_U8), le64(MAX_ARRAY_LEN + 1)].concat();
     let bytes = Builder::new().kv("a", T_ARRAY, value).build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::ArrayTooLong { key, max: MAX_ARRAY_LEN, .. } if key == "a"
-    ));
+    );
 }
 
 #[test]
@@ -527,27 +519,27 @@ fn rejects_an_array_longer_than_the_rest_of_the_file() {
     for elem in [T_U64, T_STRING] {
         let value = [le32(elem), le64(100), vec![0; 16]].concat();
         let bytes = Builder::new().kv("a", T_ARRAY, value).header_bytes();
-        assert!(matches!(
+        assert_matches!(
             parse_err(&bytes),
             GgufError::CountExceedsFile { what, count: 100, min_item_bytes: 8, available: 16 } if what == "array a"
-        ));
+        );
     }
 }
 
 #[test]
 fn rejects_an_unknown_value_type() {
     let bytes = Builder::new().kv("x", 13, le32(0)).build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::UnknownValueType { key, type_id: 13 } if key == "x"
-    ));
+    );
     let bytes = Builder::new()
         .kv("y", T_ARRAY, [le32(99), le64(0)].concat())
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::UnknownValueType { key, type_id: 99 } if key == "y"
-    ));
+    );
 }
 
 #[test]
@@ -555,34 +547,22 @@ fn rejects_an_array_of_arrays() {
     let inner = [le32(T_U8), le64(1), vec![5]].concat();
     let value = [le32(T_ARRAY), le64(1), inner].concat();
     let bytes = Builder::new().kv("nested", T_ARRAY, value).build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::NestedArray { key } if key == "nested"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::NestedArray { key } if key == "nested");
 }
 
 #[test]
 fn rejects_a_bool_other_than_0_or_1() {
     let bytes = Builder::new().kv("b", T_BOOL, vec![2]).build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::InvalidBool { key, byte: 2 } if key == "b"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::InvalidBool { key, byte: 2 } if key == "b");
     let value = [le32(T_BOOL), le64(2), vec![1, 7]].concat();
     let bytes = Builder::new().kv("bs", T_ARRAY, value).build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::InvalidBool { key, byte: 7 } if key == "bs"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::InvalidBool { key, byte: 7 } if key == "bs");
 }
 
 #[test]
 fn rejects_a_duplicate_key() {
     let bytes = valid().kv_u32("test.n", 8).build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::DuplicateKey { key } if key == "test.n"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::DuplicateKey { key } if key == "test.n");
 }
 
 #[test]
@@ -591,37 +571,28 @@ fn rejects_a_duplicate_tensor_name() {
         .tensor("vec", &[4], F32, 64)
         .data(vec![0; 96])
         .build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::DuplicateTensor { tensor } if tensor == "vec"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::DuplicateTensor { tensor } if tensor == "vec");
 }
 
 #[test]
 fn rejects_a_zero_alignment() {
     let bytes = valid().kv_u32("general.alignment", 0).build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::BadAlignment { alignment: 0 }
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::BadAlignment { alignment: 0 });
 }
 
 #[test]
 fn rejects_an_alignment_that_is_not_a_power_of_two() {
     let bytes = valid().kv_u32("general.alignment", 48).build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::BadAlignment { alignment: 48 }
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::BadAlignment { alignment: 48 });
 }
 
 #[test]
 fn rejects_an_alignment_that_is_not_u32() {
     let bytes = valid().kv("general.alignment", T_U64, le64(32)).build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::WrongType { key, expected: "u32", found } if key == "general.alignment" && found == "u64"
-    ));
+    );
 }
 
 #[test]
@@ -630,10 +601,10 @@ fn rejects_more_than_four_dims() {
         .tensor("t5", &[1, 1, 1, 1, 1], F32, 0)
         .data(vec![0; 4])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::TooManyDims { tensor, n_dims: 5, max: MAX_DIMS } if tensor == "t5"
-    ));
+    );
 }
 
 #[test]
@@ -643,10 +614,10 @@ fn rejects_an_unknown_ggml_type() {
         .tensor("old", &[32], 4, 64)
         .data(vec![0; 128])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::UnknownGgmlType { tensor, type_id: 4 } if tensor == "old"
-    ));
+    );
 }
 
 #[test]
@@ -655,10 +626,7 @@ fn rejects_an_element_count_that_overflows() {
         .tensor("huge", &[1 << 32, 1 << 32], F32, 0)
         .data(vec![0; 4])
         .build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::ShapeOverflow { tensor, .. } if tensor == "huge"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::ShapeOverflow { tensor, .. } if tensor == "huge");
 }
 
 #[test]
@@ -668,10 +636,10 @@ fn rejects_a_byte_size_that_overflows() {
         .tensor("big", &[1 << 31, 1 << 31], F32, 0)
         .data(vec![0; 4])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::ShapeOverflow { tensor, dims } if tensor == "big" && dims == [1 << 31, 1 << 31]
-    ));
+    );
 }
 
 #[test]
@@ -680,10 +648,7 @@ fn rejects_a_dim_above_i64_max() {
         .tensor("neg", &[u64::MAX], F32, 0)
         .data(vec![0; 4])
         .build();
-    assert!(matches!(
-        parse_err(&bytes),
-        GgufError::ShapeOverflow { tensor, .. } if tensor == "neg"
-    ));
+    assert_matches!(parse_err(&bytes), GgufError::ShapeOverflow { tensor, .. } if tensor == "neg");
 }
 
 #[test]
@@ -692,10 +657,10 @@ fn rejects_a_row_that_is_not_a_whole_number_of_blocks() {
         .tensor("q", &[16, 2], Q8_0, 0)
         .data(vec![0; 64])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::RowNotBlockAligned { tensor, ggml_type: GgmlType::Q8_0, ne0: 16, block_size: 32 } if tensor == "q"
-    ));
+    );
 }
 
 #[test]
@@ -704,10 +669,10 @@ fn rejects_a_misaligned_tensor_offset() {
         .tensor("m", &[4], F32, 4)
         .data(vec![0; 32])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::MisalignedTensor { tensor, offset: 4, alignment: 32 } if tensor == "m"
-    ));
+    );
 }
 
 #[test]
@@ -738,10 +703,10 @@ fn rejects_a_tensor_offset_whose_end_overflows_u64() {
         .tensor("wrap", &[16], F32, offset)
         .data(vec![0; 64])
         .build();
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::TensorOutOfBounds { tensor, start, .. } if tensor == "wrap" && start > u128::from(u64::MAX)
-    ));
+    );
 }
 
 #[test]
@@ -774,10 +739,10 @@ fn rejects_a_data_section_past_the_end_of_the_file() {
     let b = Builder::new().tensor("e", &[0], F32, 0);
     let bytes = b.header_bytes();
     assert_ne!(bytes.len() % 32, 0);
-    assert!(matches!(
+    assert_matches!(
         parse_err(&bytes),
         GgufError::DataSectionOutOfBounds { data_offset, file_len } if file_len == bytes.len() as u64 && data_offset > file_len
-    ));
+    );
 }
 
 #[test]

@@ -24,3 +24,19 @@ pub mod tiny_qwen2;
 
 pub use real::real_gguf;
 pub use synthetic::tempdir;
+
+/// Asserts that `value` matches `pattern` (an `if` guard allowed; bindings as in `matches!`),
+/// showing `value` where it does not: `std::assert_matches!`, which is unstable.
+#[macro_export]
+macro_rules! assert_matches {
+    ($value:expr, $pattern:pat $(if $guard:expr)? $(,)?) => {
+        match $value {
+            $pattern $(if $guard)? => {}
+            other => panic!(
+                "{} does not match {}: {other:?}",
+                stringify!($value),
+                stringify!($pattern $(if $guard)?)
+            ),
+        }
+    };
+}
