@@ -13,6 +13,7 @@ use burn_mapped::{
     Existing, Manifest, MappedRecorder, MappedStore, StoreError, StoreWriter, TensorSpec,
     manifest::MANIFEST_FILE, readonly::SIGBUS_EXIT_CODE,
 };
+use burn_mapped_tests::synthetic::entry_names;
 
 fn write_store(dir: &Path, fill: u8, tensors: usize) -> Manifest {
     let mut writer = StoreWriter::create(dir).unwrap();
@@ -177,10 +178,7 @@ fn replacing_a_store_never_moves_or_removes_a_file_it_does_not_name() {
     assert_eq!(std::fs::read(target.join("notes.txt")).unwrap(), b"mine");
     assert_eq!(Manifest::read(&target).unwrap().tensors().len(), 2);
     // Nothing hidden was left beside it.
-    let names: Vec<_> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let names = entry_names(tmp.path());
     assert_eq!(names, ["store"], "{names:?}");
 }
 
@@ -190,10 +188,7 @@ fn a_replaced_store_leaves_no_directory_behind() {
     let target = tmp.path().join("store");
     write_store(&target, 3, 2);
     write_store(&target, 4, 1);
-    let names: Vec<_> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let names = entry_names(tmp.path());
     assert_eq!(names, ["store"], "{names:?}");
     assert_eq!(Manifest::read(&target).unwrap().metadata()["fill"], "4");
 }
@@ -558,9 +553,6 @@ fn a_source_truncated_during_conversion_ends_the_process_and_leaves_nothing() {
     assert_eq!(out.status.code(), Some(SIGBUS_EXIT_CODE), "{stderr}");
     assert!(stderr.contains("mapped input file"), "{stderr}");
     assert!(stderr.contains(&*source.to_string_lossy()), "{stderr}");
-    let names: Vec<_> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let names = entry_names(tmp.path());
     assert_eq!(names, ["model.gguf"], "{names:?}");
 }

@@ -63,12 +63,7 @@ fn with_tokenizers_bpe(tokens: &[String], merges: &[String], types: &[i32]) -> T
 /// and mixes of letters, digits, spaces, newlines, emoji and special-token text.
 fn texts() -> Vec<String> {
     fn sources(dir: &Path, out: &mut Vec<String>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        entries.sort();
-        for path in entries {
+        for path in burn_mapped_tests::synthetic::sorted_entries(dir) {
             if path.is_dir() {
                 sources(&path, out);
             } else if path.extension().is_some_and(|e| e == "rs") {

@@ -103,12 +103,7 @@ where
 
 /// Bytes of every tensor file in a store, read with plain `read` (for before/after checks).
 pub fn file_snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    files
+    burn_mapped_tests::synthetic::sorted_entries(dir)
         .into_iter()
         .map(|p| {
             let bytes = std::fs::read(&p).unwrap();
