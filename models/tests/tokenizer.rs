@@ -2,6 +2,7 @@
 //! worked out by hand from the merges below and the Qwen2 split rules.
 
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, TokenizerError, token_type};
+use burn_mapped_tests::synthetic::XorShift;
 
 /// GPT-2's byte alphabet, written out here independently of the crate: printable Latin-1
 /// bytes stand for themselves, the rest take U+0100.. in byte order.
@@ -178,13 +179,8 @@ fn random_texts() -> Vec<String> {
         .chars()
         .collect();
     let words = ["<|im_end|>", "<|im_start|>", "hello", " world", "'s", "   "];
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let mut next = move || rng.next_u64();
     (0..300)
         .map(|_| {
             let len = next() % 40;

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use burn_mapped_models::tokenizer::{QWEN2_SPLIT_REGEX, Qwen2Tokenizer, token_type};
 use burn_mapped_tests::real_gguf;
+use burn_mapped_tests::synthetic::XorShift;
 use common::gguf_meta::tokenizer_meta;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -77,13 +78,8 @@ fn texts() -> Vec<String> {
         &mut texts,
     );
     assert!(texts.len() > 5);
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next_u64();
     let pieces = [
         "a",
         "b",

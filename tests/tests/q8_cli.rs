@@ -7,7 +7,7 @@ use std::path::Path;
 
 use burn_mapped::Manifest;
 use burn_mapped_tests::numeric::{f16_value, f32_le_bytes};
-use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
+use burn_mapped_tests::synthetic::{RawTensor, XorShift, write_safetensors};
 use burn_mapped_tests::tempdir;
 use burn_mapped_tools::cli::convert::{self, ConvertArgs};
 use burn_mapped_tools::cli::generate::parse_store_dtype;
@@ -17,12 +17,10 @@ use safetensors::Dtype;
 
 /// Deterministic values of varied sign and magnitude, never zero.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+    XorShift::seeded(seed)
+        .take(n)
+        .enumerate()
+        .map(|(i, x)| {
             let unit = (x >> 40) as f32 / (1u64 << 24) as f32;
             let sign = if x & 1 == 0 { 1.0 } else { -1.0 };
             sign * (0.05 + unit) * (1 + i % 5) as f32

@@ -4,10 +4,11 @@
 
 use burn::tensor::{Device, f16};
 use burn_mapped::q8::{Q8Rows, Q8Weight};
+use burn_mapped_tests::synthetic::XorShift;
 
 /// A xorshift generator seeded from the clock (or `Q8_SEED`), so every run sees new
 /// operands; failures print the seed to replay them.
-pub struct Rng(pub u64);
+pub struct Rng(pub XorShift);
 
 impl Rng {
     pub fn fresh() -> Self {
@@ -22,14 +23,11 @@ impl Rng {
                     | 1
             });
         eprintln!("Q8_SEED={seed}");
-        Rng(seed)
+        Rng(XorShift(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).

@@ -9,6 +9,7 @@ use burn_mapped::q8::direct::{
     split_words, staged_product,
 };
 use burn_mapped::q8::{Q8Weight, quantize_rows};
+use burn_mapped_tests::synthetic::XorShift;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -29,14 +30,9 @@ fn client() -> Option<Client> {
 
 /// A fixed stream of values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
+    XorShift::seeded(seed)
+        .take(n)
+        .map(|s| (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
         .collect()
 }
 
