@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 use burn_mapped::Manifest;
 use burn_mapped_tests::gguf::{TinyDims, tiny_qwen2};
+use burn_mapped_tests::synthetic::{entry_names, sorted_entries};
 
 fn bin() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_burn-mapped"));
@@ -81,12 +82,7 @@ fn generated_ids(cwd: &Path, cache: &Path, model: &str) -> Vec<u64> {
 
 /// Stores converted from `<cache>/stores`.
 fn cached_stores(cache: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<_> = std::fs::read_dir(cache.join("stores"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    dirs.sort();
-    dirs
+    sorted_entries(&cache.join("stores"))
 }
 
 #[test]
@@ -114,19 +110,7 @@ fn a_store_records_its_source_as_an_absolute_path_and_notices_when_it_changes() 
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     write_gguf(&a.join("model.gguf"), TinyDims::default(), 1);
     write_gguf(&b.join("model.gguf"), TinyDims::default(), 2);
-    run_in(
-        &a,
-        &[
-            "convert",
-            "model.gguf",
-            "--out",
-            "store",
-            "--dtype",
-            "f32",
-            "--quiet",
-        ],
-        0,
-    );
+    convert_f32(&a, &[], 0);
     let store = a.join("store");
     let manifest = Manifest::read(&store).unwrap();
     let recorded = Path::new(&manifest.metadata()["source.gguf"]).to_path_buf();
@@ -168,7 +152,6 @@ fn a_gguf_under_a_path_that_is_not_utf8_is_recorded_exactly() {
 #[test]
 fn sizes_claimed_by_a_gguf_are_refused_before_they_size_anything() {
     let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
     let cases = [
         (
             TinyDims {
@@ -193,25 +176,35 @@ fn sizes_claimed_by_a_gguf_are_refused_before_they_size_anything() {
         ),
     ];
     for (i, (dims, expected)) in cases.into_iter().enumerate() {
-        let gguf = tmp.path().join(format!("m{i}.gguf"));
-        write_gguf(&gguf, dims, 4);
-        let out = generate(
+        let err = refused_generate(
             tmp.path(),
-            gguf.to_str().unwrap(),
-            &cache,
-            &["--prompt", "x", "--max-tokens", "4611686018427387904"],
-            1,
+            &format!("m{i}.gguf"),
+            dims,
+            4,
+            "4611686018427387904",
         );
-        let err = stderr(&out);
         assert!(err.contains(expected), "{expected}: {err}");
     }
+}
+
+/// stderr of `generate --prompt x --max-tokens max_tokens` (cache `dir/cache`) on a tiny GGUF
+/// of `dims` written as `dir/name`, which must be refused (exit 1).
+fn refused_generate(dir: &Path, name: &str, dims: TinyDims, seed: u64, max_tokens: &str) -> String {
+    let gguf = dir.join(name);
+    write_gguf(&gguf, dims, seed);
+    let out = generate(
+        dir,
+        gguf.to_str().unwrap(),
+        &dir.join("cache"),
+        &["--prompt", "x", "--max-tokens", max_tokens],
+        1,
+    );
+    stderr(&out)
 }
 
 #[test]
 fn a_cache_larger_than_the_machine_is_refused_not_attempted() {
     let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
-    let gguf = tmp.path().join("wide.gguf");
     // 8 KiB of keys and values per position: 16M positions would need 128 GiB.
     let dims = TinyDims {
         hidden: 512,
@@ -220,15 +213,7 @@ fn a_cache_larger_than_the_machine_is_refused_not_attempted() {
         context: 1 << 24,
         ..TinyDims::default()
     };
-    write_gguf(&gguf, dims, 5);
-    let out = generate(
-        tmp.path(),
-        gguf.to_str().unwrap(),
-        &cache,
-        &["--prompt", "x", "--max-tokens", "16000000"],
-        1,
-    );
-    let err = stderr(&out);
+    let err = refused_generate(tmp.path(), "wide.gguf", dims, 5, "16000000");
     assert!(err.contains("more than this machine's"), "{err}");
 }
 
@@ -290,22 +275,26 @@ fn the_cpu_tier_is_pinned_by_name_or_refused() {
     assert_eq!(json["cpu_tier"], "scalar");
 }
 
+/// `convert model.gguf --out store --dtype f32 --quiet` and `args`, run in `dir`, expecting
+/// `code`.
+fn convert_f32(dir: &Path, args: &[&str], code: i32) -> Output {
+    let mut all = vec![
+        "convert",
+        "model.gguf",
+        "--out",
+        "store",
+        "--dtype",
+        "f32",
+        "--quiet",
+    ];
+    all.extend_from_slice(args);
+    run_in(dir, &all, code)
+}
+
 /// A converted tiny store under `dir/store`.
 fn tiny_store(dir: &Path) -> PathBuf {
     write_gguf(&dir.join("model.gguf"), TinyDims::default(), 6);
-    run_in(
-        dir,
-        &[
-            "convert",
-            "model.gguf",
-            "--out",
-            "store",
-            "--dtype",
-            "f32",
-            "--quiet",
-        ],
-        0,
-    );
+    convert_f32(dir, &[], 0);
     dir.join("store")
 }
 
@@ -346,28 +335,10 @@ fn force_refuses_a_store_holding_a_users_file_and_moves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tiny_store(tmp.path());
     std::fs::write(store.join("notes.txt"), b"mine").unwrap();
-    let out = run_in(
-        tmp.path(),
-        &[
-            "convert",
-            "model.gguf",
-            "--out",
-            "store",
-            "--dtype",
-            "f32",
-            "--quiet",
-            "--force",
-        ],
-        1,
-    );
+    let out = convert_f32(tmp.path(), &["--force"], 1);
     assert!(stderr(&out).contains("notes.txt"), "{}", stderr(&out));
     assert_eq!(std::fs::read(store.join("notes.txt")).unwrap(), b"mine");
-    let mut names: Vec<_> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["model.gguf", "store"]);
+    assert_eq!(entry_names(tmp.path()), ["model.gguf", "store"]);
 }
 
 #[test]
