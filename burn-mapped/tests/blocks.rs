@@ -149,67 +149,37 @@ fn manifest_with_blocks(dtype: &str, shape: &str, len: usize, blocks: &str) -> S
     ))
 }
 
+/// Why `Manifest::parse` refuses `text`, which must be a `BadBlocks` error naming tensor `w`.
+fn bad_blocks_reason(text: &str) -> String {
+    match Manifest::parse(text.as_bytes(), Path::new("m")).unwrap_err() {
+        StoreError::BadBlocks { tensor, reason } => {
+            assert_eq!(tensor, "w", "{text}");
+            reason
+        }
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
 #[test]
 fn a_block_layout_that_does_not_describe_the_bytes_is_a_typed_error() {
-    let ok = manifest_with_blocks("u8", "[2,68]", 136, r#"{"type":"Q8_0","cols":64}"#);
+    let q8_64 = r#"{"type":"Q8_0","cols":64}"#;
+    let ok = manifest_with_blocks("u8", "[2,68]", 136, q8_64);
     Manifest::parse(ok.as_bytes(), Path::new("m")).unwrap();
-    for (dtype, shape, len, blocks, reason) in [
-        (
-            "u8",
-            "[2,68]",
-            136,
-            r#"{"type":"Q8_0","cols":96}"#,
-            "rows of 68 bytes",
-        ),
-        (
-            "u8",
-            "[2,68]",
-            136,
-            r#"{"type":"Q8_0","cols":48}"#,
-            "multiple of the block size",
-        ),
-        (
-            "u8",
-            "[2,68]",
-            136,
-            r#"{"type":"F32","cols":64}"#,
-            "not a block type",
-        ),
-        (
-            "u8",
-            "[2,68]",
-            136,
-            r#"{"type":"Q9_9","cols":64}"#,
-            "unknown block type",
-        ),
-        (
-            "u8",
-            "[2,68]",
-            136,
-            r#"{"type":"IQ2_XS","cols":256}"#,
-            "not a block type",
-        ),
-        (
-            "i8",
-            "[2,68]",
-            136,
-            r#"{"type":"Q8_0","cols":64}"#,
-            "2-D u8",
-        ),
-        ("u8", "[136]", 136, r#"{"type":"Q8_0","cols":64}"#, "2-D u8"),
+    // Layouts that do not fit two rows of 68 bytes.
+    for (blocks, expected) in [
+        (r#"{"type":"Q8_0","cols":96}"#, "rows of 68 bytes"),
+        (r#"{"type":"Q8_0","cols":48}"#, "multiple of the block size"),
+        (r#"{"type":"F32","cols":64}"#, "not a block type"),
+        (r#"{"type":"Q9_9","cols":64}"#, "unknown block type"),
+        (r#"{"type":"IQ2_XS","cols":256}"#, "not a block type"),
     ] {
-        let text = manifest_with_blocks(dtype, shape, len, blocks);
-        let err = Manifest::parse(text.as_bytes(), Path::new("m")).unwrap_err();
-        match &err {
-            StoreError::BadBlocks {
-                tensor,
-                reason: why,
-            } => {
-                assert_eq!(tensor, "w");
-                assert!(why.contains(reason), "{blocks}: {why}");
-            }
-            other => panic!("{blocks}: {other:?}"),
-        }
+        let why = bad_blocks_reason(&manifest_with_blocks("u8", "[2,68]", 136, blocks));
+        assert!(why.contains(expected), "{blocks}: {why}");
+    }
+    // A valid layout on tensors that are not 2-D u8.
+    for (dtype, shape) in [("i8", "[2,68]"), ("u8", "[136]")] {
+        let why = bad_blocks_reason(&manifest_with_blocks(dtype, shape, 136, q8_64));
+        assert!(why.contains("2-D u8"), "{dtype} {shape}: {why}");
     }
 }
 
