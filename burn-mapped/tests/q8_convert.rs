@@ -9,7 +9,9 @@ mod q8_common;
 use std::path::Path;
 
 use burn::tensor::DType;
-use burn_mapped::convert::{CastTo, ConvertError, ConvertOptions, from_burnpack, from_safetensors};
+use burn_mapped::convert::{
+    CastTo, ConvertError, ConvertOptions, Q8SelectFn, from_burnpack, from_safetensors,
+};
 use burn_mapped::gguf::{GgufConvert, GgufConvertError, MappedGguf, gguf_to_store};
 use burn_mapped::q8::{Q8Error, is_projection_weight, scale_name};
 use burn_mapped::{Manifest, MappedStore, StoreError, manifest::Q8_ROW_F16};
@@ -428,26 +430,39 @@ fn tiny_tensors() -> Vec<(String, [usize; 2], Vec<f64>)> {
         .collect()
 }
 
-#[test]
-fn a_gguf_requantizes_every_picked_matrix_against_the_gguf_packages_values() {
+/// tiny.gguf converted into a store at `out`, floats as f32, its tensors renamed by `rename` and
+/// those `q8` picks quantized: [`gguf_to_store`]'s own result, error included.
+#[allow(clippy::result_large_err)]
+fn convert_tiny(
+    out: &Path,
+    rename: &dyn Fn(&str) -> Option<String>,
+    q8: &Q8SelectFn,
+) -> Result<Manifest, GgufConvertError> {
     let gguf = MappedGguf::open(TINY_GGUF).unwrap();
-    let tmp = burn_mapped_tests::tempdir();
-    let out = tmp.path().join("store");
-    let rename = |name: &str| Some(name.to_string());
-    let all = |_: &str, _: &[usize]| true;
-    let manifest = gguf_to_store(
+    gguf_to_store(
         &gguf,
-        &out,
+        out,
         GgufConvert {
-            rename: &rename,
+            rename,
             dtype: DType::F32,
-            q8: Some(&all),
+            q8: Some(q8),
             blocks: None,
             progress: None,
             existing: burn_mapped::Existing::Replace,
         },
     )
-    .unwrap();
+}
+
+/// tiny.gguf's own names.
+fn same_name(name: &str) -> Option<String> {
+    Some(name.to_string())
+}
+
+#[test]
+fn a_gguf_requantizes_every_picked_matrix_against_the_gguf_packages_values() {
+    let tmp = burn_mapped_tests::tempdir();
+    let out = tmp.path().join("store");
+    let manifest = convert_tiny(&out, &same_name, &|_, _| true).unwrap();
     let tensors = tiny_tensors();
     assert!(tensors.iter().any(|t| t.0 == "t.q8_0"));
     for (name, [out_rows, inp], values) in &tensors {
@@ -458,25 +473,10 @@ fn a_gguf_requantizes_every_picked_matrix_against_the_gguf_packages_values() {
 
 #[test]
 fn a_gguf_with_no_picked_matrix_stays_float() {
-    let gguf = MappedGguf::open(TINY_GGUF).unwrap();
     let tmp = burn_mapped_tests::tempdir();
     let out = tmp.path().join("store");
-    let rename = |name: &str| Some(name.to_string());
-    let rule: &dyn Fn(&str, &[usize]) -> bool = &is_projection_weight;
     // tiny.gguf's names (`t.f32`, ...) do not end in `weight`: the rule picks none.
-    let manifest = gguf_to_store(
-        &gguf,
-        &out,
-        GgufConvert {
-            rename: &rename,
-            dtype: DType::F32,
-            q8: Some(rule),
-            blocks: None,
-            progress: None,
-            existing: burn_mapped::Existing::Replace,
-        },
-    )
-    .unwrap();
+    let manifest = convert_tiny(&out, &same_name, &is_projection_weight).unwrap();
     for (name, _, values) in tiny_tensors() {
         let entry = manifest.get(&name).unwrap();
         assert_eq!(entry.dtype(), DType::F32);
@@ -490,7 +490,6 @@ fn a_gguf_with_no_picked_matrix_stays_float() {
 
 #[test]
 fn rejects_a_gguf_rename_onto_a_scale_name() {
-    let gguf = MappedGguf::open(TINY_GGUF).unwrap();
     let tmp = burn_mapped_tests::tempdir();
     let rename = |name: &str| {
         Some(match name {
@@ -500,19 +499,7 @@ fn rejects_a_gguf_rename_onto_a_scale_name() {
         })
     };
     let only_w = |name: &str, _: &[usize]| name == "w";
-    let err = gguf_to_store(
-        &gguf,
-        &tmp.path().join("store"),
-        GgufConvert {
-            rename: &rename,
-            dtype: DType::F32,
-            q8: Some(&only_w),
-            blocks: None,
-            progress: None,
-            existing: burn_mapped::Existing::Replace,
-        },
-    )
-    .unwrap_err();
+    let err = convert_tiny(&tmp.path().join("store"), &rename, &only_w).unwrap_err();
     assert!(
         matches!(&err, GgufConvertError::ScaleNameTaken { tensor, scale, other }
             if tensor == "t.f32" && scale == "w_scale" && other == "t.f16"),
