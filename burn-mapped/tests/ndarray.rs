@@ -247,17 +247,6 @@ fn store_route_on_ndarray_runs_a_strict_forward_pass_from_the_mapping() {
     assert_eq!(file_snapshot(&dir), before);
 }
 
-/// Reads a weight's values straight from its file (independent of Burn).
-fn file_f32(dir: &Path, name: &str) -> Vec<f32> {
-    let manifest = Manifest::read(dir).unwrap();
-    let entry = manifest.get(name).unwrap();
-    let bytes = std::fs::read(dir.join(entry.file())).unwrap();
-    bytes[..entry.len() as usize]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 fn f32s<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().unwrap()
 }
@@ -281,13 +270,7 @@ fn strict_mode_has_nothing_to_refuse_on_ndarray_because_every_write_copies() {
     for (p, r) in plus.iter().zip(&reference) {
         assert_eq!(*p, r + 1.0);
     }
-    let patch = Tensor::<2>::from_data(TensorData::new(vec![9.0f32; 4], [2, 2]), &w.device());
-    let patched = f32s(w.clone().slice_assign([0..2, 0..2], patch));
-    for (i, (v, r)) in patched.iter().zip(&reference).enumerate() {
-        let (row, col) = (i / OUT, i % OUT);
-        let want = if row < 2 && col < 2 { 9.0 } else { *r };
-        assert_eq!(*v, want, "element {row},{col}");
-    }
+    assert_corner_patched(&w, &reference);
     assert_eq!(f32s(w.clone()), reference);
     assert!(ndarray_storage(w).0);
     assert_eq!(file_snapshot(&dir), before);

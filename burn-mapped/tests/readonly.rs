@@ -6,7 +6,8 @@ mod common;
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::{Device, Tensor, TensorData};
-use burn_mapped::{MappedStore, StoreError, readonly::REFUSAL, readonly::StrictMode};
+use burn_mapped::{MappedStore, StoreError, readonly::StrictMode};
+use burn_mapped_tests::assert_strict_refusal;
 use common::*;
 
 fn load(dir: &std::path::Path, strict: bool) -> Net {
@@ -18,13 +19,7 @@ fn load(dir: &std::path::Path, strict: bool) -> Net {
 
 /// Reads the weight's values straight from its file, as f64 (independent of Burn).
 fn file_values(dir: &std::path::Path, name: &str) -> Vec<f64> {
-    let manifest = burn_mapped::Manifest::read(dir).unwrap();
-    let entry = manifest.get(name).unwrap();
-    let bytes = std::fs::read(dir.join(entry.file())).unwrap();
-    bytes[..entry.len() as usize]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-        .collect()
+    file_f32(dir, name).into_iter().map(f64::from).collect()
 }
 
 fn values(t: Tensor<2>) -> Vec<f64> {
@@ -49,100 +44,101 @@ fn strict_mode_runs_a_full_forward_pass() {
     assert_eq!(file_snapshot(&dir), before);
 }
 
-fn refusal_message(err: Box<dyn std::any::Any + Send>) -> String {
-    err.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+/// A recorded net's store and its files' bytes before the net is loaded from it.
+struct Recorded {
+    _tmp: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    before: Vec<(std::path::PathBuf, Vec<u8>)>,
+}
+
+impl Recorded {
+    /// The store, and the net loaded from it (in `strict` mode or not).
+    fn load(strict: bool) -> (Self, Net) {
+        let (tmp, dir, _) = recorded_net();
+        let before = file_snapshot(&dir);
+        let net = load(&dir, strict);
+        let store = Self {
+            _tmp: tmp,
+            dir,
+            before,
+        };
+        (store, net)
+    }
+
+    /// `row.weight`'s values read straight from its file.
+    fn row_weight(&self) -> Vec<f64> {
+        file_values(&self.dir, "row.weight")
+    }
+
+    /// Asserts that the store's files hold the bytes they held before the load.
+    fn assert_files_unchanged(&self) {
+        assert_eq!(file_snapshot(&self.dir), self.before);
+    }
+}
+
+/// Asserts that `got` is `reference + 1`, to f32's rounding.
+fn assert_plus_one(got: &[f64], reference: &[f64]) {
+    assert_eq!(got.len(), reference.len());
+    for (g, r) in got.iter().zip(reference) {
+        assert!((g - (r + 1.0)).abs() < 1e-6, "{g} for {r} + 1");
+    }
 }
 
 #[test]
 fn functional_ops_on_weights_allocate_fresh_outputs() {
-    let (_tmp, dir, _) = recorded_net();
-    let before = file_snapshot(&dir);
-    let net = load(&dir, false);
+    let (store, net) = Recorded::load(false);
     let w = net.row.weight.val();
-    let reference = file_values(&dir, "row.weight");
+    let reference = store.row_weight();
 
-    let plus = values(w.clone() + 1.0);
+    assert_plus_one(&values(w.clone() + 1.0), &reference);
     let exp = values(w.clone().exp());
-    for ((p, e), r) in plus.iter().zip(&exp).zip(&reference) {
-        assert!((p - (r + 1.0)).abs() < 1e-6);
+    for (e, r) in exp.iter().zip(&reference) {
         assert!((e - r.exp()).abs() <= 1e-6 * r.exp().max(1.0));
     }
-    let patch = Tensor::<2>::from_data(TensorData::new(vec![9.0f32; 4], [2, 2]), &w.device());
-    let patched = values(w.clone().slice_assign([0..2, 0..2], patch));
-    for (i, (v, r)) in patched.iter().zip(&reference).enumerate() {
-        let (row, col) = (i / OUT, i % OUT);
-        let want = if row < 2 && col < 2 { 9.0 } else { *r };
-        assert_eq!(*v, want, "element {row},{col}");
-    }
+    assert_corner_patched(&w, &file_f32(&store.dir, "row.weight"));
     // The weight itself still reads the file's values.
     assert_eq!(values(w), reference);
-    assert_eq!(file_snapshot(&dir), before);
-    assert!(MappedStore::open(&dir).unwrap().verify().is_empty());
+    store.assert_files_unchanged();
+    assert!(MappedStore::open(&store.dir).unwrap().verify().is_empty());
 }
 
 #[test]
 fn strict_mode_allows_reads_and_names_the_weight_an_op_tries_to_write() {
-    let (_tmp, dir, _) = recorded_net();
-    let before = file_snapshot(&dir);
-    let net = load(&dir, true);
+    let (store, net) = Recorded::load(true);
     let w = net.row.weight.val();
-    let reference = file_values(&dir, "row.weight");
+    let reference = store.row_weight();
     // Ops that only read the weight run as usual.
-    let plus = values(w.clone() + 1.0);
-    for (p, r) in plus.iter().zip(&reference) {
-        assert!((p - (r + 1.0)).abs() < 1e-6);
-    }
+    assert_plus_one(&values(w.clone() + 1.0), &reference);
     // Flex's slice_assign clones the shared storage without copying and then writes the
     // clone: a write request on mapped bytes, which strict mode exists to expose.
     let patch = Tensor::<2>::from_data(TensorData::new(vec![9.0f32; 4], [2, 2]), &w.device());
-    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    assert_strict_refusal("row.weight", || {
         let _ = w.clone().slice_assign([0..2, 0..2], patch).into_data();
-    }))
-    .expect_err("strict mode must refuse the write");
-    let message = refusal_message(err);
-    assert!(
-        message.contains(REFUSAL) && message.contains("`row.weight`"),
-        "{message}"
-    );
+    });
     assert_eq!(values(w), reference);
-    assert_eq!(file_snapshot(&dir), before);
+    store.assert_files_unchanged();
 }
 
 #[test]
 fn in_place_op_on_a_sole_owned_weight_copies_first_by_default() {
-    let (_tmp, dir, _) = recorded_net();
-    let before = file_snapshot(&dir);
-    let reference = file_values(&dir, "row.weight");
-    let net = load(&dir, false);
+    let (store, net) = Recorded::load(false);
     let w = net.row.weight.val();
     drop(net);
     // `w` is now the only owner, so Flex may choose it as the in-place output.
-    let out = values(w + 1.0);
-    for (o, r) in out.iter().zip(&reference) {
-        assert!((o - (r + 1.0)).abs() < 1e-6);
-    }
-    assert_eq!(file_snapshot(&dir), before);
-    assert!(MappedStore::open(&dir).unwrap().verify().is_empty());
+    assert_plus_one(&values(w + 1.0), &store.row_weight());
+    store.assert_files_unchanged();
+    assert!(MappedStore::open(&store.dir).unwrap().verify().is_empty());
 }
 
 #[test]
 fn in_place_op_on_a_sole_owned_weight_fails_in_strict_mode_naming_it() {
-    let (_tmp, dir, _) = recorded_net();
-    let before = file_snapshot(&dir);
-    let net = load(&dir, true);
+    let (store, net) = Recorded::load(true);
     let w = net.row.weight.val();
     drop(net);
-    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    assert_strict_refusal("row.weight", || {
         let _ = (w + 1.0).into_data();
-    }))
-    .expect_err("strict mode must refuse the in-place write");
-    let message = refusal_message(err);
-    assert!(message.contains(REFUSAL), "{message}");
-    assert!(message.contains("`row.weight`"), "{message}");
-    assert_eq!(file_snapshot(&dir), before);
+    });
+    store.assert_files_unchanged();
 }
 
 #[test]

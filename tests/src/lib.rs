@@ -12,9 +12,9 @@
 
 pub mod flex;
 pub mod gguf;
-pub mod json;
 #[cfg(feature = "wgpu")]
 pub mod gpu;
+pub mod json;
 pub mod maps;
 pub mod numeric;
 pub mod params;
@@ -24,6 +24,23 @@ pub mod tiny_qwen2;
 
 pub use real::real_gguf;
 pub use synthetic::tempdir;
+
+/// Asserts that `op`, a write to the adopted bytes of `tensor` in strict mode, panics with
+/// strict mode's refusal naming `tensor`.
+pub fn assert_strict_refusal(tensor: &str, op: impl FnOnce()) {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(op))
+        .expect_err("strict mode must refuse the write");
+    let message = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(
+        message.contains(burn_mapped::readonly::REFUSAL),
+        "{message}"
+    );
+    assert!(message.contains(&format!("`{tensor}`")), "{message}");
+}
 
 /// Asserts that `value` matches `pattern` (an `if` guard allowed; bindings as in `matches!`),
 /// showing `value` where it does not: `std::assert_matches!`, which is unstable.

@@ -111,3 +111,32 @@ pub fn file_snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         })
         .collect()
 }
+
+/// Reads a weight's values straight from its file (independent of Burn).
+pub fn file_f32(dir: &Path, name: &str) -> Vec<f32> {
+    let manifest = burn_mapped::Manifest::read(dir).unwrap();
+    let entry = manifest.get(name).unwrap();
+    let bytes = std::fs::read(dir.join(entry.file())).unwrap();
+    bytes[..entry.len() as usize]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Asserts that `w` (`[_, OUT]`, holding `reference`) with its top-left 2x2 corner set to 9 by
+/// `slice_assign`, an op that writes its output, reads 9 there and `reference` elsewhere.
+pub fn assert_corner_patched(w: &Tensor<2>, reference: &[f32]) {
+    let patch = Tensor::<2>::from_data(TensorData::new(vec![9.0f32; 4], [2, 2]), &w.device());
+    let patched = w.clone().slice_assign([0..2, 0..2], patch);
+    let patched = patched
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap();
+    assert_eq!(patched.len(), reference.len());
+    for (i, (v, r)) in patched.iter().zip(reference).enumerate() {
+        let (row, col) = (i / OUT, i % OUT);
+        let want = if row < 2 && col < 2 { 9.0 } else { *r };
+        assert_eq!(*v, want, "element {row},{col}");
+    }
+}
