@@ -6,6 +6,7 @@ mod common;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};
 use burn_mapped::{MappedRecorder, MappedStore, StoreError, StoreWriter, TensorSpec};
+use burn_mapped_tests::assert_matches;
 use burn_mapped_tests::synthetic::edit_manifest;
 use burn_mapped_tests::tempdir;
 use common::*;
@@ -71,49 +72,43 @@ fn rejects_a_file_shorter_than_its_padded_length_without_faulting() {
     ));
 }
 
+/// Why a store whose manifest `edit` changed (and sealed again) is refused at open.
+fn refused_after(edit: impl FnOnce(&mut serde_json::Value)) -> StoreError {
+    let (_t, dir) = two_tensor_store();
+    edit_manifest(&dir, edit);
+    open_err(&dir)
+}
+
 #[test]
 fn rejects_a_length_that_does_not_match_shape_and_dtype() {
-    let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| v["tensors"][0]["len"] = 95.into());
-    match open_err(&dir) {
-        StoreError::LengthMismatch {
-            tensor, len, file, ..
-        } => {
-            assert_eq!((tensor.as_str(), len), ("a.weight", 95));
-            assert!(file.ends_with(".tensor"));
-        }
-        e => panic!("{e}"),
-    }
+    let err = refused_after(|v| v["tensors"][0]["len"] = 95.into());
+    assert_matches!(
+        err,
+        StoreError::LengthMismatch { tensor, len: 95, file, .. }
+            if tensor == "a.weight" && file.ends_with(".tensor")
+    );
 }
 
 #[test]
 fn rejects_a_rank_past_the_limit_by_its_rank() {
-    let (_t, dir) = two_tensor_store();
     // 24 elements as nine dimensions: the length still matches the shape.
-    edit_manifest(&dir, |v| {
+    let err = refused_after(|v| {
         v["tensors"][0]["shape"] = serde_json::json!([1, 1, 1, 1, 1, 1, 1, 4, 6]);
     });
-    match open_err(&dir) {
-        StoreError::RankTooHigh { tensor, rank, max } => {
-            assert_eq!(
-                (tensor.as_str(), rank, max),
-                ("a.weight", 9, burn_mapped::manifest::MAX_RANK)
-            );
-        }
-        e => panic!("{e}"),
-    }
+    assert_matches!(
+        err,
+        StoreError::RankTooHigh { tensor, rank: 9, max: burn_mapped::manifest::MAX_RANK }
+            if tensor == "a.weight"
+    );
 }
 
 #[test]
 fn rejects_an_unknown_dtype() {
-    let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| v["tensors"][1]["dtype"] = "f8e4m3".into());
-    match open_err(&dir) {
-        StoreError::UnknownDType { tensor, dtype, .. } => {
-            assert_eq!((tensor.as_str(), dtype.as_str()), ("b.bias", "f8e4m3"));
-        }
-        e => panic!("{e}"),
-    }
+    let err = refused_after(|v| v["tensors"][1]["dtype"] = "f8e4m3".into());
+    assert_matches!(
+        err,
+        StoreError::UnknownDType { tensor, dtype, .. } if tensor == "b.bias" && dtype == "f8e4m3"
+    );
 }
 
 #[test]
@@ -126,55 +121,36 @@ fn rejects_file_names_that_escape_the_directory() {
         "a\\b",
         "manifest.json",
     ] {
-        let (_t, dir) = two_tensor_store();
-        edit_manifest(&dir, |v| v["tensors"][0]["file"] = bad.into());
-        match open_err(&dir) {
-            StoreError::UnsafeFileName { tensor, .. } => assert_eq!(tensor, "a.weight", "{bad}"),
-            e => panic!("{bad}: {e}"),
-        }
+        let err = refused_after(|v| v["tensors"][0]["file"] = bad.into());
+        assert_matches!(err, StoreError::UnsafeFileName { tensor, .. } if tensor == "a.weight");
     }
 }
 
 #[test]
 fn rejects_duplicate_names() {
-    let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| v["tensors"][1]["name"] = "a.weight".into());
-    match open_err(&dir) {
-        StoreError::DuplicateName { tensor } => assert_eq!(tensor, "a.weight"),
-        e => panic!("{e}"),
-    }
+    let err = refused_after(|v| v["tensors"][1]["name"] = "a.weight".into());
+    assert_matches!(err, StoreError::DuplicateName { tensor } if tensor == "a.weight");
 }
 
 #[test]
 fn rejects_two_tensors_sharing_a_file() {
-    let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| {
-        v["tensors"][1]["file"] = v["tensors"][0]["file"].clone()
-    });
-    assert!(matches!(open_err(&dir), StoreError::DuplicateFile { .. }));
+    let err = refused_after(|v| v["tensors"][1]["file"] = v["tensors"][0]["file"].clone());
+    assert_matches!(err, StoreError::DuplicateFile { .. });
 }
 
 #[test]
 fn rejects_an_unsupported_format_version() {
-    let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| v["version"] = 1.into());
-    match open_err(&dir) {
-        StoreError::UnsupportedVersion { version, path, .. } => {
-            assert_eq!(version, 1);
-            assert!(path.ends_with("manifest.json"));
-        }
-        e => panic!("{e}"),
-    }
+    let err = refused_after(|v| v["version"] = 1.into());
+    assert_matches!(
+        err,
+        StoreError::UnsupportedVersion { version: 1, path, .. } if path.ends_with("manifest.json")
+    );
 }
 
 #[test]
 fn rejects_a_foreign_alignment() {
-    let (_t, dir) = two_tensor_store();
-    edit_manifest(&dir, |v| v["alignment"] = 256.into());
-    assert!(matches!(
-        open_err(&dir),
-        StoreError::UnsupportedAlignment { found: 256, .. }
-    ));
+    let err = refused_after(|v| v["alignment"] = 256.into());
+    assert_matches!(err, StoreError::UnsupportedAlignment { found: 256, .. });
 }
 
 #[test]
@@ -197,35 +173,34 @@ fn rejects_a_symlinked_tensor_file() {
     }
 }
 
+/// What `verify` finds once `edit` has changed the bytes of `tensor`'s file, and that file.
+fn verify_after_editing(
+    tensor: &str,
+    edit: impl FnOnce(&mut Vec<u8>),
+) -> (Vec<StoreError>, std::path::PathBuf) {
+    let (_t, dir) = two_tensor_store();
+    let path = file_of(&dir, tensor);
+    let mut bytes = std::fs::read(&path).unwrap();
+    edit(&mut bytes);
+    std::fs::write(&path, &bytes).unwrap();
+    (MappedStore::open(&dir).unwrap().verify(), path)
+}
+
 #[test]
 fn verify_reports_a_checksum_mismatch_naming_tensor_and_file() {
-    let (_t, dir) = two_tensor_store();
-    let path = file_of(&dir, "a.weight");
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[5] ^= 0x40;
-    std::fs::write(&path, &bytes).unwrap();
-    let store = MappedStore::open(&dir).unwrap();
-    let problems = store.verify();
-    assert_eq!(problems.len(), 1);
-    match &problems[0] {
-        StoreError::ChecksumMismatch { tensor, file, .. } => {
-            assert_eq!(tensor, "a.weight");
-            assert_eq!(file, &path);
-        }
-        e => panic!("{e}"),
-    }
+    let (problems, path) = verify_after_editing("a.weight", |bytes| bytes[5] ^= 0x40);
+    assert_matches!(
+        &problems[..],
+        [StoreError::ChecksumMismatch { tensor, file, .. }] if tensor == "a.weight" && *file == path
+    );
 }
 
 #[test]
 fn verify_reports_dirty_padding() {
-    let (_t, dir) = two_tensor_store();
-    let path = file_of(&dir, "b.bias");
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[100] = 1;
-    std::fs::write(&path, &bytes).unwrap();
-    let problems = MappedStore::open(&dir).unwrap().verify();
-    assert!(
-        matches!(&problems[..], [StoreError::DirtyPadding { tensor, .. }] if tensor == "b.bias")
+    let (problems, _) = verify_after_editing("b.bias", |bytes| bytes[100] = 1);
+    assert_matches!(
+        &problems[..],
+        [StoreError::DirtyPadding { tensor, .. }] if tensor == "b.bias"
     );
 }
 
