@@ -41,6 +41,12 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
     rx.recv_timeout(limit).expect("the call blocked")
 }
 
+/// `f(dir)` on another thread, which must return within 20 s (a hang is the failure).
+fn on_dir_in_time<T: Send + 'static>(dir: &Path, f: impl FnOnce(&Path) -> T + Send + 'static) -> T {
+    let dir = dir.to_path_buf();
+    within(Duration::from_secs(20), move || f(&dir))
+}
+
 #[test]
 fn a_writer_refuses_a_directory_that_is_not_a_store_and_leaves_it_whole() {
     let tmp = tempfile::tempdir().unwrap();
@@ -310,26 +316,17 @@ fn a_fifo_as_tensor_file_or_manifest_is_an_error_not_a_hang() {
     let file = dir.join(manifest.tensors()[1].file());
     std::fs::remove_file(&file).unwrap();
     mkfifo(&file);
-    let d = dir.clone();
-    let err = within(Duration::from_secs(20), move || {
-        MappedStore::open(&d).unwrap_err()
-    });
+    let err = on_dir_in_time(&dir, |d| MappedStore::open(d).unwrap_err());
     assert!(
         matches!(err, StoreError::Io { ref tensor, .. } if tensor == "t1"),
         "{err}"
     );
-    let d = dir.clone();
-    let problems = within(Duration::from_secs(20), move || {
-        burn_mapped::verify_dir(&d, |_, _| {}).unwrap()
-    });
+    let problems = on_dir_in_time(&dir, |d| burn_mapped::verify_dir(d, |_, _| {}).unwrap());
     assert_eq!(problems.len(), 1, "{problems:?}");
 
     std::fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
     mkfifo(&dir.join(MANIFEST_FILE));
-    let d = dir.clone();
-    let err = within(Duration::from_secs(20), move || {
-        Manifest::read(&d).unwrap_err()
-    });
+    let err = on_dir_in_time(&dir, |d| Manifest::read(d).unwrap_err());
     assert!(matches!(err, StoreError::ManifestIo { .. }), "{err}");
 }
 
@@ -340,10 +337,7 @@ fn a_manifest_linked_to_an_endless_file_is_refused_without_reading_it() {
     write_store(&dir, 1, 1);
     std::fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.join(MANIFEST_FILE)).unwrap();
-    let d = dir.clone();
-    let err = within(Duration::from_secs(20), move || {
-        Manifest::read(&d).unwrap_err()
-    });
+    let err = on_dir_in_time(&dir, |d| Manifest::read(d).unwrap_err());
     assert!(matches!(err, StoreError::ManifestIo { .. }), "{err}");
 }
 
