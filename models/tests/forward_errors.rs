@@ -3,7 +3,7 @@
 mod common;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_mapped_models::qwen2::{ForwardError, GenerateError, Sampler};
+use burn_mapped_models::qwen2::{ForwardError, GenerateError, KvCache, Qwen2ForCausalLM, Sampler};
 use common::load;
 
 fn tokens(ids: &[i64], batch: usize) -> Tensor<2, Int> {
@@ -13,10 +13,16 @@ fn tokens(ids: &[i64], batch: usize) -> Tensor<2, Int> {
     )
 }
 
+/// The untied fixture model and a fresh cache for one sequence of `capacity` positions.
+fn untied(capacity: usize) -> (Qwen2ForCausalLM, KvCache) {
+    let model = load("untied");
+    let cache = model.new_cache(1, capacity);
+    (model, cache)
+}
+
 #[test]
 fn rejects_a_token_outside_the_vocabulary() {
-    let model = load("untied");
-    let mut cache = model.new_cache(1, 8);
+    let (model, mut cache) = untied(8);
     let err = model
         .forward(tokens(&[1, 2, 256], 1), &mut cache)
         .unwrap_err();
@@ -42,8 +48,7 @@ fn rejects_a_token_outside_the_vocabulary() {
 
 #[test]
 fn rejects_more_positions_than_the_cache_holds() {
-    let model = load("untied");
-    let mut cache = model.new_cache(1, 4);
+    let (model, mut cache) = untied(4);
     model.forward(tokens(&[1, 2, 3], 1), &mut cache).unwrap();
     let err = model.forward(tokens(&[4, 5], 1), &mut cache).unwrap_err();
     assert_eq!(
@@ -61,8 +66,7 @@ fn rejects_more_positions_than_the_cache_holds() {
 
 #[test]
 fn rejects_a_batch_the_cache_was_not_made_for() {
-    let model = load("untied");
-    let mut cache = model.new_cache(1, 8);
+    let (model, mut cache) = untied(8);
     let err = model
         .forward(tokens(&[1, 2, 3, 4], 2), &mut cache)
         .unwrap_err();
@@ -77,8 +81,7 @@ fn rejects_a_batch_the_cache_was_not_made_for() {
 
 #[test]
 fn rejects_an_empty_input() {
-    let model = load("untied");
-    let mut cache = model.new_cache(1, 8);
+    let (model, mut cache) = untied(8);
     let empty = Tensor::<2, Int>::from_data(
         TensorData::new(Vec::<i64>::new(), [1, 0]),
         &burn::tensor::Device::flex(),
@@ -113,18 +116,15 @@ fn generate_rejects_an_empty_prompt_and_bad_tokens() {
 
 #[test]
 fn reset_makes_the_cache_reusable() {
-    let model = load("untied");
-    let mut cache = model.new_cache(1, 3);
-    let first = model
-        .forward(tokens(&[5, 6, 7], 1), &mut cache)
-        .unwrap()
-        .try_into_vec_as::<f32>()
-        .unwrap();
+    let (model, mut cache) = untied(3);
+    let logits = |cache: &mut KvCache| {
+        model
+            .forward(tokens(&[5, 6, 7], 1), cache)
+            .unwrap()
+            .try_into_vec_as::<f32>()
+            .unwrap()
+    };
+    let first = logits(&mut cache);
     cache.reset();
-    let again = model
-        .forward(tokens(&[5, 6, 7], 1), &mut cache)
-        .unwrap()
-        .try_into_vec_as::<f32>()
-        .unwrap();
-    assert_eq!(first, again);
+    assert_eq!(first, logits(&mut cache));
 }

@@ -96,12 +96,17 @@ fn softmax(row: &[f32], temperature: f64) -> Vec<f64> {
     e.iter().map(|x| x / s).collect()
 }
 
-#[test]
-fn temperature_sampling_follows_the_softmax() {
-    let row: Vec<f32> = [1.0f64, 2.0, 3.0, 4.0]
+/// Logits whose softmax is 0.1, 0.2, 0.3, 0.4.
+fn logits_of_tenths() -> Vec<f32> {
+    [1.0f64, 2.0, 3.0, 4.0]
         .iter()
         .map(|p| p.ln() as f32)
-        .collect();
+        .collect()
+}
+
+#[test]
+fn temperature_sampling_follows_the_softmax() {
+    let row = logits_of_tenths();
     // T = 1: probabilities 0.1, 0.2, 0.3, 0.4.
     assert_frequencies(&mut top_p(1.0, 1.0, 1), &row, &softmax(&row, 1.0), 40_000);
     // T = 2 flattens: proportional to sqrt(1..4).
@@ -112,10 +117,7 @@ fn temperature_sampling_follows_the_softmax() {
 
 #[test]
 fn top_p_keeps_the_smallest_nucleus_and_renormalizes() {
-    let row: Vec<f32> = [1.0f64, 2.0, 3.0, 4.0]
-        .iter()
-        .map(|p| p.ln() as f32)
-        .collect();
+    let row = logits_of_tenths();
     // Sorted probabilities 0.4, 0.3, ...: 0.4 < 0.5 <= 0.7, so ids 3 and 2 remain,
     // renormalized to 4/7 and 3/7.
     let expected = [0.0, 0.0, 3.0 / 7.0, 4.0 / 7.0];
