@@ -20,7 +20,7 @@ use burn::tensor::{AllocationProperty, Bytes, DType, Device, Int, Tensor, Tensor
 use burn_mapped::{Placement, Stager, placement::is_flex};
 use memmap2::Mmap;
 
-use super::{ArmReport, ProbeError, ProbeReport, Residency, file_residency, median};
+use super::{ArmReport, Passes, ProbeError, ProbeReport, Residency, file_residency, median};
 use crate::device::DeviceArg;
 use crate::select::ArmRate;
 
@@ -83,8 +83,10 @@ pub fn probe_on(
     let resident_checksum = read_all(&resident);
     let resident_copy_seconds = start.elapsed().as_secs_f64();
 
-    let mut seconds: [Vec<f64>; 3] = Default::default();
-    let mut checksum = Some(resident_checksum);
+    let mut passes = Passes {
+        checksum: Some(resident_checksum),
+        ..Passes::default()
+    };
     let mut residency_after_one_pass_each = Residency::default();
     for round in 0..config.warmup_passes + config.passes {
         for k in 0..Placement::ALL.len() {
@@ -99,19 +101,7 @@ pub fn probe_on(
                 }),
             };
             let elapsed = start.elapsed().as_secs_f64();
-            let expected = *checksum.get_or_insert(sum);
-            if sum != expected {
-                return Err(ProbeError::ChecksumMismatch {
-                    arm: arm.label(),
-                    pass: round,
-                    expected,
-                    found: sum,
-                });
-            }
-            if round >= config.warmup_passes {
-                // `ALL` is in declaration order, so the discriminant indexes `seconds`.
-                seconds[arm as usize].push(elapsed);
-            }
+            passes.record(arm, round, config.warmup_passes, sum, elapsed)?;
         }
         if round == 0 {
             residency_after_one_pass_each = file_residency(files)?;
@@ -120,7 +110,7 @@ pub fn probe_on(
     let residency_at_end = file_residency(files)?;
     drop(resident);
 
-    let [map_s, resident_s, copy_s] = seconds;
+    let [map_s, resident_s, copy_s] = passes.seconds;
     let measured = |pass_seconds: Vec<f64>| ArmReport {
         rate: ArmRate::measured(w as f64 / 1e9 / median(&pass_seconds)),
         pass_seconds,
@@ -154,7 +144,7 @@ pub fn probe_on(
         residency_at_end,
         resident_coexists: residency_after_one_pass_each.is_full(),
         mem_available_bytes: None,
-        checksum: checksum.unwrap_or_default(),
+        checksum: passes.checksum.unwrap_or_default(),
     })
 }
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use burn_mapped::Placement;
 
-use super::{ArmReport, ProbeError, ProbeReport, map_files, mapped_residency, median};
+use super::{ArmReport, Passes, ProbeError, ProbeReport, map_files, mapped_residency, median};
 use crate::select::ArmRate;
 
 /// Default size of one unit of work and of each thread's staging buffer.
@@ -128,8 +128,7 @@ pub fn probe_cpu(paths: &[PathBuf], config: &CpuProbeConfig) -> Result<ProbeRepo
         .map(|_| allocate(chunk, "per-use copy staging"))
         .collect();
 
-    let mut checksum = None;
-    let mut seconds: [Vec<f64>; 3] = Default::default();
+    let mut passes = Passes::default();
     // Overwritten after round 0, which always runs (warmup_passes >= 1 is validated).
     let mut residency_after_one_pass_each = residency_at_start;
     for round in 0..config.warmup_passes + config.passes {
@@ -143,19 +142,7 @@ pub fn probe_cpu(paths: &[PathBuf], config: &CpuProbeConfig) -> Result<ProbeRepo
                 _ => continue, // unavailable arm
             };
             let elapsed = start.elapsed().as_secs_f64();
-            let expected = *checksum.get_or_insert(sum);
-            if sum != expected {
-                return Err(ProbeError::ChecksumMismatch {
-                    arm: arm.label(),
-                    pass: round,
-                    expected,
-                    found: sum,
-                });
-            }
-            if round >= config.warmup_passes {
-                // `ALL` is in declaration order, so the discriminant indexes `seconds`.
-                seconds[arm as usize].push(elapsed);
-            }
+            passes.record(arm, round, config.warmup_passes, sum, elapsed)?;
         }
         if round == 0 {
             residency_after_one_pass_each = mapped_residency(&files)?;
@@ -163,7 +150,7 @@ pub fn probe_cpu(paths: &[PathBuf], config: &CpuProbeConfig) -> Result<ProbeRepo
     }
     let residency_at_end = mapped_residency(&files)?;
 
-    let [map_s, resident_s, copy_s] = seconds;
+    let [map_s, resident_s, copy_s] = passes.seconds;
     let arm_report = |unavailable: Option<&String>, pass_seconds: Vec<f64>| ArmReport {
         rate: match unavailable {
             Some(reason) => ArmRate::unavailable(reason.clone()),
@@ -189,7 +176,7 @@ pub fn probe_cpu(paths: &[PathBuf], config: &CpuProbeConfig) -> Result<ProbeRepo
         residency_at_end,
         resident_coexists: resident.is_ok() && residency_after_one_pass_each.is_full(),
         mem_available_bytes: mem_available,
-        checksum: checksum.expect("the map arm always runs"),
+        checksum: passes.checksum.expect("the map arm always runs"),
     })
 }
 

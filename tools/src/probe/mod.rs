@@ -202,10 +202,56 @@ pub enum ProbeError {
     },
 }
 
+/// What the timed passes have measured so far: each arm's seconds per pass past the warm-up
+/// (indexed by the arm's discriminant: `Placement::ALL` is in declaration order), and the
+/// checksum every pass of every arm must read.
+#[derive(Default)]
+pub(crate) struct Passes {
+    pub(crate) seconds: [Vec<f64>; 3],
+    /// The first read's checksum, or one known before the passes.
+    pub(crate) checksum: Option<u64>,
+}
+
+impl Passes {
+    /// Records `arm`'s read in pass `round`, `sum` in `elapsed` seconds: kept once `round` is past
+    /// the `warmup` passes, an error where `sum` is not the checksum of the reads before.
+    pub(crate) fn record(
+        &mut self,
+        arm: Placement,
+        round: usize,
+        warmup: usize,
+        sum: u64,
+        elapsed: f64,
+    ) -> Result<(), ProbeError> {
+        let expected = *self.checksum.get_or_insert(sum);
+        if sum != expected {
+            return Err(ProbeError::ChecksumMismatch {
+                arm: arm.label(),
+                pass: round,
+                expected,
+                found: sum,
+            });
+        }
+        if round >= warmup {
+            self.seconds[arm as usize].push(elapsed);
+        }
+        Ok(())
+    }
+}
+
 /// One probed file: its path and a read-only shared mapping of all of it.
 pub(crate) struct MappedFile {
     pub(crate) path: PathBuf,
     pub(crate) map: Mmap,
+}
+
+/// The length of `file`, opened from `path`.
+fn probed_len(file: &std::fs::File, path: &Path) -> Result<u64, ProbeError> {
+    let meta = file.metadata().map_err(|source| ProbeError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(meta.len())
 }
 
 /// Maps every non-empty file read-only and shared.
@@ -219,13 +265,7 @@ pub(crate) fn map_files(paths: &[PathBuf]) -> Result<Vec<MappedFile>, ProbeError
     let mut files = Vec::with_capacity(paths.len());
     for path in paths {
         let file = open_probed(path)?;
-        let len = file
-            .metadata()
-            .map_err(|source| ProbeError::Open {
-                path: path.clone(),
-                source,
-            })?
-            .len();
+        let len = probed_len(&file, path)?;
         if len == 0 {
             continue; // contributes no bytes to W
         }
@@ -319,13 +359,7 @@ pub fn tensor_files_in(dir: &Path) -> Result<Vec<PathBuf>, ProbeError> {
         })?;
         for entry in manifest.tensors() {
             let path = burn_mapped::Manifest::file_path(dir, entry);
-            let found = open_probed(&path)?
-                .metadata()
-                .map_err(|source| ProbeError::Open {
-                    path: path.clone(),
-                    source,
-                })?
-                .len();
+            let found = probed_len(&open_probed(&path)?, &path)?;
             if found != entry.padded_len() {
                 return Err(ProbeError::Size {
                     path,
