@@ -28,17 +28,7 @@ pub fn rss_of(pid: &str) -> io::Result<Rss> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let mut rss = Rss::default();
     for line in status.lines() {
-        let field = |prefix: &str| {
-            line.strip_prefix(prefix)
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .map(|kb| kb * 1024)
-        };
+        let field = |prefix: &str| line.strip_prefix(prefix).and_then(kb).map(|kb| kb * 1024);
         if let Some(v) = field("RssAnon:") {
             rss.anon = v;
         } else if let Some(v) = field("RssFile:") {
@@ -52,6 +42,11 @@ pub fn rss_of(pid: &str) -> io::Result<Rss> {
     Ok(rss)
 }
 
+/// The number of a `/proc` field's value in `kB` (`"   1234 kB"`, the text after its name).
+fn kb(value: &str) -> Option<u64> {
+    value.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
 /// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`): what no single
 /// allocation can exceed, so a size above it is refused before it is attempted.
 pub fn physical_memory() -> io::Result<u64> {
@@ -59,13 +54,7 @@ pub fn physical_memory() -> io::Result<u64> {
     let kb = text
         .lines()
         .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
+        .and_then(kb)
         .ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo")
         })?;
@@ -95,7 +84,7 @@ fn smaps_rollup(pid: &str) -> io::Result<String> {
 fn rollup_bytes(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name))
-        .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(kb)
         .unwrap_or(0)
         * 1024
 }
