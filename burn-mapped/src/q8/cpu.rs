@@ -182,6 +182,14 @@ fn block(
             }
         }};
     }
+    // Row counts without a kernel of their own: one row at a time.
+    macro_rules! row_by_row {
+        ($tt:literal) => {
+            for k in 0..r {
+                run_one::<$tt>(args, isa, o + k, t0, acc, k)
+            }
+        };
+    }
     match (r, tt) {
         (8, 1) => run!(8, 1),
         (4, 2) => run!(4, 2),
@@ -190,26 +198,10 @@ fn block(
         (2, 2) => run!(2, 2),
         (2, 3) => run!(2, 3),
         (2, 4) => run!(2, 4),
-        (_, 1) => {
-            for k in 0..r {
-                run_one::<1>(args, isa, o + k, t0, acc, k)
-            }
-        }
-        (_, 2) => {
-            for k in 0..r {
-                run_one::<2>(args, isa, o + k, t0, acc, k)
-            }
-        }
-        (_, 3) => {
-            for k in 0..r {
-                run_one::<3>(args, isa, o + k, t0, acc, k)
-            }
-        }
-        (_, 4) => {
-            for k in 0..r {
-                run_one::<4>(args, isa, o + k, t0, acc, k)
-            }
-        }
+        (_, 1) => row_by_row!(1),
+        (_, 2) => row_by_row!(2),
+        (_, 3) => row_by_row!(3),
+        (_, 4) => row_by_row!(4),
         _ => unreachable!("tiles hold 1..={TILE_T} columns"),
     }
 }
