@@ -350,20 +350,24 @@ fn evict(path: &Path, e: &EvictReport) -> Result<()> {
         [(pressure.start as f64, 1.0), (pressure.end as f64, top)],
         RGBColor(255, 200, 200).mix(0.4).filled(),
     )))?;
-    chart
-        .draw_series(std::iter::once(PathElement::new(
-            line(&e.run_a_step_ms),
-            COLORS[0].stroke_width(2),
-        )))?
-        .label("run A (no eviction)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], COLORS[0].stroke_width(2)));
-    chart
-        .draw_series(std::iter::once(PathElement::new(
-            line(&e.run_b_step_ms),
-            COLORS[3].stroke_width(2),
-        )))?
-        .label("run B (all pages reclaimed before the marked step; shaded: reclaimed repeatedly)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], COLORS[3].stroke_width(2)));
+    for (steps_ms, color, label) in [
+        (&e.run_a_step_ms, COLORS[0], "run A (no eviction)"),
+        (
+            &e.run_b_step_ms,
+            COLORS[3],
+            "run B (all pages reclaimed before the marked step; shaded: reclaimed repeatedly)",
+        ),
+    ] {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                line(steps_ms),
+                color.stroke_width(2),
+            )))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2))
+            });
+    }
     let at = e.spec.evict_at as f64;
     chart.draw_series(std::iter::once(PathElement::new(
         vec![(at, 1.0), (at, top)],
