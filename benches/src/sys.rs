@@ -225,6 +225,27 @@ pub enum PageOut {
     MadvDontneed,
 }
 
+/// `madvise(advice)` on the pages of `range`.
+///
+/// # Safety
+///
+/// `range` is mapped in this process, and `advice` changes nothing a later access to it sees.
+unsafe fn madvise(range: &Range<usize>, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: the caller's contract.
+    let rc = unsafe {
+        libc::madvise(
+            range.start as *mut libc::c_void,
+            range.end - range.start,
+            advice,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Reclaims the pages of `ranges` (read-only shared file mappings of this process) and then
 /// drops `files` from the page cache, so the next access faults them in from storage.
 pub fn page_out(ranges: &[Range<usize>], files: &[PathBuf]) -> io::Result<PageOut> {
@@ -233,31 +254,14 @@ pub fn page_out(ranges: &[Range<usize>], files: &[PathBuf]) -> io::Result<PageOu
         // SAFETY: `r` is a read-only MAP_SHARED file mapping of this process. Reclaiming or
         // unmapping its clean pages never changes what a later read sees (the page is read
         // back from the unmodified file), so references into it stay valid.
-        let rc = unsafe {
-            libc::madvise(
-                r.start as *mut libc::c_void,
-                r.end - r.start,
-                libc::MADV_PAGEOUT,
-            )
-        };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
+        if let Err(err) = unsafe { madvise(r, libc::MADV_PAGEOUT) } {
             if err.raw_os_error() != Some(libc::EINVAL) {
                 return Err(err);
             }
             method = PageOut::MadvDontneed;
             // SAFETY: as above; MADV_DONTNEED on a shared file mapping only drops the page
             // table entries, and the next access maps the file's page again.
-            let rc = unsafe {
-                libc::madvise(
-                    r.start as *mut libc::c_void,
-                    r.end - r.start,
-                    libc::MADV_DONTNEED,
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            unsafe { madvise(r, libc::MADV_DONTNEED) }?;
         }
     }
     evict(files)?;
