@@ -11,7 +11,9 @@ use burn_mapped::q8::{
     write_q8,
 };
 use burn_mapped::{MappedStore, StoreWriter, manifest::Q8_ROW_F16};
-use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight};
+use q8_common::{
+    Rng, assert_close, check_split_products, reference, reference_dot, spread_rows, weight,
+};
 
 /// Flex explicitly: with the `wgpu` feature on, Burn's default device is the GPU.
 fn device() -> Device {
@@ -372,20 +374,8 @@ fn products_over_one_host_split_match_the_f64_reference_of_its_rounding() {
         }
         let input = host_split(&x, t, inp);
         for (q, s, w) in &weights {
-            let out = w.out_features();
-            let b = rng.vec_nonzero(out);
-            for bias in [None, Some(b.as_slice())] {
-                let bt = bias
-                    .map(|b| Tensor::<1>::from_data(TensorData::new(b.to_vec(), [out]), &device()));
-                let got = q8_linear_input(&input, w, bt)
-                    .unwrap()
-                    .into_data()
-                    .try_to_vec::<f32>()
-                    .unwrap();
-                let want = reference_dot(&x, q, s, bias, t, out, inp, 16, f64::from(SPLIT_Q_MAX));
-                let ctx = format!("host split [{out}, {inp}] T={t} bias={}", bias.is_some());
-                assert_close(&got, &want, out, &ctx);
-            }
+            let weight = (q.as_slice(), s.as_slice(), w);
+            check_split_products(&mut rng, &input, &x, t, weight, &device(), "host split");
         }
     }
 }

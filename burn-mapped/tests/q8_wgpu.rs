@@ -22,7 +22,9 @@ use burn_mapped::q8::{
     CubeLaunch, CubeTuning, DotTuning, Q8Error, Q8Input, Q8Rows, Q8Weight, SPLIT_Q_MAX, Tuning,
     q8_linear, q8_linear_input, set_poison_outputs,
 };
-use q8_common::{Rng, assert_close, reference, reference_dot, spread_rows, weight};
+use q8_common::{
+    Rng, assert_close, check_split_products, reference, reference_dot, spread_rows, weight,
+};
 
 /// The API the tests run on, as the messages name it.
 #[cfg(not(feature = "vulkan"))]
@@ -335,27 +337,9 @@ fn products_sharing_one_split_match_the_f64_reference_of_its_rounding() {
                 2 => &tuned(w, CubeLaunch::Fma(CubeTuning::DEFAULT)),
                 _ => w,
             };
-            let out = w.out_features();
-            let b = rng.vec_nonzero(out);
-            for bias in [None, Some(b.as_slice())] {
-                let bt = bias.map(|b| {
-                    Tensor::<1>::from_data(
-                        TensorData::new(b.to_vec(), [out]),
-                        (&device, DType::F32),
-                    )
-                });
-                let got = q8_linear_input(&input, w, bt)
-                    .unwrap()
-                    .into_data()
-                    .try_to_vec::<f32>()
-                    .unwrap();
-                let want = reference_dot(&x, q, s, bias, t, out, inp, 16, f64::from(SPLIT_Q_MAX));
-                let ctx = format!(
-                    "{API} shared split [{out}, {inp}] T={t} bias={}",
-                    bias.is_some()
-                );
-                assert_close(&got, &want, out, &ctx);
-            }
+            let weight = (q.as_slice(), s.as_slice(), w);
+            let ctx = format!("{API} shared split");
+            check_split_products(&mut rng, &input, &x, t, weight, &device, &ctx);
         }
         let (_, _, other) = weight(&mut rng, 4, 32, &device);
         assert!(matches!(

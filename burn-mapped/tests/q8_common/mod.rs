@@ -2,8 +2,8 @@
 //! format's definition, independent of the crate's kernels.
 #![allow(dead_code)]
 
-use burn::tensor::{Device, f16};
-use burn_mapped::q8::{Q8Rows, Q8Weight};
+use burn::tensor::{DType, Device, Tensor, TensorData, f16};
+use burn_mapped::q8::{Q8Input, Q8Rows, Q8Weight, SPLIT_Q_MAX, q8_linear_input};
 use burn_mapped_tests::synthetic::XorShift;
 
 /// A xorshift generator seeded from the clock (or `Q8_SEED`), so every run sees new
@@ -174,4 +174,33 @@ pub fn spread_rows(rng: &mut Rng, t: usize, inp: usize) -> Vec<f32> {
         }
     }
     x
+}
+
+/// Asserts that the products of `w` (holding values `q` and scales `s`) over `input`, a split of
+/// the `t` rows of `x`, without a bias and with one of fresh values, are within
+/// [`reference_dot`]'s bound of the split's rounding; `ctx` names the case.
+pub fn check_split_products(
+    rng: &mut Rng,
+    input: &Q8Input,
+    x: &[f32],
+    t: usize,
+    (q, s, w): (&[i8], &[f16], &Q8Weight),
+    device: &Device,
+    ctx: &str,
+) {
+    let (out, inp) = (w.out_features(), x.len() / t);
+    let b = rng.vec_nonzero(out);
+    for bias in [None, Some(b.as_slice())] {
+        let bt = bias.map(|b| {
+            Tensor::<1>::from_data(TensorData::new(b.to_vec(), [out]), (device, DType::F32))
+        });
+        let got = q8_linear_input(input, w, bt)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let want = reference_dot(x, q, s, bias, t, out, inp, 16, f64::from(SPLIT_Q_MAX));
+        let ctx = format!("{ctx} [{out}, {inp}] T={t} bias={}", bias.is_some());
+        assert_close(&got, &want, out, &ctx);
+    }
 }
