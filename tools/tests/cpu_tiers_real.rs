@@ -11,10 +11,14 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
+mod common;
+
 use std::process::Command;
 
 use burn_mapped::host::CpuTier;
+use burn_mapped_tests::json::u32s;
 use burn_mapped_tests::real::{COMPARED_TOKENS, real_reference};
+use common::success_json;
 
 /// The largest top-2 margin, in logits, at which 8-bit activations were seen to flip the
 /// reference's choice on these prompts (see tests/tests/qwen_real_blocks.rs).
@@ -43,16 +47,11 @@ fn every_cpu_tier_decodes_the_reference_tokens_from_the_gguf_in_place() {
                 None => cmd.args(["--prompt", &p.text]),
             };
             let out = cmd.output().unwrap();
-            assert!(
-                out.status.success(),
-                "{tier}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let json = success_json(&out, tier.name());
             assert_eq!(json["cpu_tier"], tier.name());
-            let prompt: Vec<u32> = ids(&json["prompt_ids"]);
+            let prompt: Vec<u32> = u32s(&json["prompt_ids"]);
             assert_eq!(prompt, p.prompt_ids, "{tier}: prompt {i} tokenization");
-            let got = ids(&json["generated_ids"]);
+            let got = u32s(&json["generated_ids"]);
             let want = p.compared_ids();
             match got.iter().zip(want).position(|(a, b)| a != b) {
                 None => assert_eq!(got.len(), want.len(), "{tier}: prompt {i}"),
@@ -71,12 +70,4 @@ fn every_cpu_tier_decodes_the_reference_tokens_from_the_gguf_in_place() {
         println!("{tier}: {} prompts decoded", reference.len());
     }
     assert!(failures.is_empty(), "{failures:#?}");
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-        .collect()
 }

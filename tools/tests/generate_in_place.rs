@@ -2,10 +2,13 @@
 //! nothing is written but the probe cache, the file is never changed, and the answer is the
 //! one a store converted from the same file gives.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
 use burn_mapped_tests::gguf::{TinyDims, tiny_qwen2};
+use common::success_json;
 
 /// Every file under `dir`, relative, sorted.
 fn files_under(dir: &Path) -> Vec<String> {
@@ -48,12 +51,7 @@ fn generate(model: &Path, cache: &Path, extra: &[&str]) -> serde_json::Value {
         .args(extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    success_json(&out, "generate")
 }
 
 #[test]
@@ -119,12 +117,7 @@ fn ctrl_c_ends_a_generation_with_its_summary() {
         0
     );
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = success_json(&out, "interrupted generate");
     assert_eq!(json["interrupted"], true, "{json}");
     let generated = json["generated_ids"].as_array().unwrap().len();
     assert!(generated > 0 && generated < 65000, "{generated}");

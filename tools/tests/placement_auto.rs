@@ -2,9 +2,10 @@
 //! protocol) misses, an old entry expires, a damaged one is replaced. Time is passed in, so
 //! nothing here depends on how long anything takes.
 
+mod common;
+
 use std::fs::File;
 use std::io::Write;
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -15,10 +16,7 @@ use burn_mapped_tools::auto::{AutoOptions, PlacementChoice, ProbeOrigin, decide}
 use burn_mapped_tools::device::DeviceArg;
 use burn_mapped_tools::probe::{CpuProbeConfig, probe_cpu, tensor_files_in};
 use burn_mapped_tools::probe_cache::{Lookup, ProbeCache, ProbeKey, store_fingerprint};
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
+use common::{scratch, small_probe_config};
 
 fn write(dir: &Path, name: &str, len: usize, seed: u8) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -32,11 +30,8 @@ fn write(dir: &Path, name: &str, len: usize, seed: u8) -> PathBuf {
 
 fn small_config() -> CpuProbeConfig {
     CpuProbeConfig {
-        threads: NonZeroUsize::new(2).unwrap(),
-        warmup_passes: 1,
-        passes: 2,
-        chunk_bytes: 64 << 10,
         memory_margin_bytes: 0,
+        ..small_probe_config(2)
     }
 }
 

@@ -1,8 +1,9 @@
 //! The CPU probe on small files: it runs, reads every byte (checksum against an independent byte-wise
 //! reference), and reports page-cache residency. No timing is asserted.
 
+mod common;
+
 use std::fs::File;
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use burn_mapped_tests::synthetic::{pattern, write_file};
@@ -11,6 +12,7 @@ use burn_mapped_tools::probe::{
     CpuProbeConfig, ProbeError, file_residency, probe_cpu, tensor_files_in,
 };
 use burn_mapped_tools::select::ArmRate;
+use common::{scratch, small_probe_config};
 
 /// Wrapping sum of little-endian u64 words, computed byte by byte: byte `i` contributes `b << 8 (i % 8)`,
 /// and within a word those contributions never carry into each other, so this equals the word sum.
@@ -20,19 +22,8 @@ fn reference_sum(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A temp dir on the target directory's file system (a real disk in CI, unlike a tmpfs /tmp).
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
-
 fn small_config() -> CpuProbeConfig {
-    CpuProbeConfig {
-        threads: NonZeroUsize::new(2).unwrap(),
-        warmup_passes: 1,
-        passes: 3,
-        chunk_bytes: 64 << 10,
-        ..CpuProbeConfig::default()
-    }
+    small_probe_config(3)
 }
 
 #[test]
