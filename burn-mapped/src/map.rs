@@ -78,20 +78,11 @@ impl MappedFile {
                     source,
                 }
             })?;
-            #[cfg(target_os = "linux")]
-            if padded as u64 >= crate::layout::huge_page_size() {
-                // A hint (see `image`): lets the kernel map the file's large folios huge. The
-                // kernel places a mapping this large on a huge-page boundary itself.
-                let _ = map.advise(memmap2::Advice::HugePage);
-            }
+            advise_huge(&map);
             Some(map)
         };
-        let range = map.as_deref().map_or(0..0, |m: &[u8]| {
-            let start = m.as_ptr() as usize;
-            start..start + m.len()
-        });
         Ok(Self {
-            _fault: crate::fault::register(range, &path),
+            _fault: crate::fault::register(mapped_range(map.as_ref()), &path),
             map,
             len: entry.len() as usize,
             path,
@@ -129,16 +120,10 @@ impl MappedFile {
             // Best effort: hints for read-ahead and, as for store files, for mapping the
             // file's large page-cache folios huge; failure changes nothing but speed.
             let _ = map.advise(advice);
-            #[cfg(target_os = "linux")]
-            if len as u64 >= crate::layout::huge_page_size() {
-                let _ = map.advise(memmap2::Advice::HugePage);
-            }
+            advise_huge(&map);
             Some(map)
         };
-        let range = map.as_deref().map_or(0..0, |m: &[u8]| {
-            let start = m.as_ptr() as usize;
-            start..start + m.len()
-        });
+        let range = mapped_range(map.as_ref());
         let name = path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -235,6 +220,26 @@ pub(crate) fn check_opened(
         return Err(io(std::io::Error::last_os_error()));
     }
     Ok((file, path))
+}
+
+/// Hints the kernel to map `map`'s large page-cache folios huge when it spans a huge page or
+/// more (see `image`); the kernel places such a mapping on a huge-page boundary itself.
+/// Failure changes nothing but speed.
+fn advise_huge(map: &Mmap) {
+    #[cfg(target_os = "linux")]
+    if map.len() as u64 >= crate::layout::huge_page_size() {
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = map;
+}
+
+/// The addresses `map` covers (`0..0` without one): what the fault handler is told.
+fn mapped_range(map: Option<&Mmap>) -> std::ops::Range<usize> {
+    map.map_or(0..0, |m| {
+        let start = m.as_ptr() as usize;
+        start..start + m.len()
+    })
 }
 
 /// Owner handed to `bytes::Bytes::from_owner`: keeps the mapping alive while any view of it
