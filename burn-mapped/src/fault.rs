@@ -62,19 +62,31 @@ static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 static INSTALL: Once = Once::new();
 static mut PREVIOUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::zeroed();
 
-/// A registered range; unregisters when dropped (before its mapping is unmapped).
-pub(crate) struct Registration {
+/// The slot a registration claimed in its table (`None`: it could not, or had no need to) and
+/// the path bytes the slot points at, which it owns.
+struct Claim {
     slot: Option<usize>,
-    // Owns the bytes the table points at.
     _path: Box<[u8]>,
 }
 
-impl std::fmt::Debug for Registration {
+impl std::fmt::Debug for Claim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registration")
-            .field("slot", &self.slot)
-            .finish()
+        f.debug_struct("Claim").field("slot", &self.slot).finish()
     }
+}
+
+/// A registered range; unregisters when dropped (before its mapping is unmapped).
+#[derive(Debug)]
+pub(crate) struct Registration(Claim);
+
+/// Claims the first free slot of a table, given each slot's state: its index, or `None` when
+/// every slot is taken.
+fn claim<'a>(states: impl IntoIterator<Item = &'a AtomicU8>) -> Option<usize> {
+    states.into_iter().position(|state| {
+        state
+            .compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    })
 }
 
 /// Registers `range` as the mapping of the store file `path`.
@@ -88,16 +100,12 @@ pub(crate) fn register_as(range: std::ops::Range<usize>, path: &Path, role: Role
     INSTALL.call_once(install);
     let mut bytes: Box<[u8]> = path.as_os_str().as_bytes().into();
     if range.is_empty() {
-        return Registration {
+        return Registration(Claim {
             slot: None,
             _path: bytes,
-        };
+        });
     }
-    let slot = TABLE.iter().position(|s| {
-        s.state
-            .compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    });
+    let slot = claim(TABLE.iter().map(|s| &s.state));
     if let Some(i) = slot {
         let s = &TABLE[i];
         s.path.store(bytes.as_mut_ptr(), Ordering::Relaxed);
@@ -107,12 +115,12 @@ pub(crate) fn register_as(range: std::ops::Range<usize>, path: &Path, role: Role
         // Publishes the fields above to the handler.
         s.start.store(range.start, Ordering::Release);
     }
-    Registration { slot, _path: bytes }
+    Registration(Claim { slot, _path: bytes })
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
+        if let Some(i) = self.0.slot {
             let s = &TABLE[i];
             s.start.store(0, Ordering::Release);
             s.path.store(std::ptr::null_mut(), Ordering::Relaxed);
@@ -233,19 +241,8 @@ const EMPTY_DIR: DirSlot = DirSlot {
 static DIRS: [DirSlot; DIR_SLOTS] = [EMPTY_DIR; DIR_SLOTS];
 
 /// A temporary directory registered with [`remove_on_fault`]; unregisters when dropped.
-pub(crate) struct DirRegistration {
-    slot: Option<usize>,
-    // Owns the bytes the table points at.
-    _path: Box<[u8]>,
-}
-
-impl std::fmt::Debug for DirRegistration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirRegistration")
-            .field("slot", &self.slot)
-            .finish()
-    }
-}
+#[derive(Debug)]
+pub(crate) struct DirRegistration(Claim);
 
 /// Asks the handler to remove the temporary directory `dir` (the entries `written` accepts,
 /// then the directory itself if that empties it) if a registered mapping faults
@@ -258,26 +255,22 @@ pub(crate) fn remove_on_fault(dir: &Path, written: fn(&[u8]) -> bool) -> DirRegi
     bytes.push(0);
     let mut bytes = bytes.into_boxed_slice();
     if bytes[..bytes.len() - 1].contains(&0) {
-        return DirRegistration {
+        return DirRegistration(Claim {
             slot: None,
             _path: bytes,
-        };
+        });
     }
-    let slot = DIRS.iter().position(|s| {
-        s.state
-            .compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    });
+    let slot = claim(DIRS.iter().map(|s| &s.state));
     if let Some(i) = slot {
         DIRS[i].written.store(written as *mut (), Ordering::Release);
         DIRS[i].path.store(bytes.as_mut_ptr(), Ordering::Release);
     }
-    DirRegistration { slot, _path: bytes }
+    DirRegistration(Claim { slot, _path: bytes })
 }
 
 impl Drop for DirRegistration {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
+        if let Some(i) = self.0.slot {
             DIRS[i].path.store(std::ptr::null_mut(), Ordering::Release);
             DIRS[i].state.store(FREE, Ordering::Release);
         }
