@@ -50,8 +50,7 @@ fn assert_forward_equals(loaded: &Net, expected: &TensorData) {
 #[test]
 fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
     let device = Device::flex();
-    let (_tmp, dir, original) = recorded_net();
-    let expected = original.forward(tokens(&device)).into_data();
+    let (_tmp, dir, expected) = recorded_net_and_output();
 
     let fresh = Net::init(&device);
     assert!(!fresh.col.weight.is_initialized(), "init must be lazy");
@@ -65,8 +64,7 @@ fn recorder_round_trip_adopts_the_pages_and_reproduces_the_forward_pass() {
 #[test]
 fn burn_store_route_adopts_the_pages_and_reproduces_the_forward_pass() {
     let device = Device::flex();
-    let (_tmp, dir, original) = recorded_net();
-    let expected = original.forward(tokens(&device)).into_data();
+    let (_tmp, dir, expected) = recorded_net_and_output();
 
     let mut loaded = Net::init(&device);
     let mut store = MappedStore::open(&dir).unwrap();

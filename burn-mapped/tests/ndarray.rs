@@ -194,6 +194,15 @@ fn store_of(net: &Net) -> (tempfile::TempDir, std::path::PathBuf) {
     (tmp, dir)
 }
 
+/// A fresh [`Net`] on `device` recorded into a store ([`store_of`]), with its output on
+/// [`tokens`]: what a module loaded from the store must reproduce.
+fn stored_net_and_output(device: &Device) -> (tempfile::TempDir, std::path::PathBuf, TensorData) {
+    let net = Net::init(device);
+    let output = net.forward(tokens(device)).into_data();
+    let (tmp, dir) = store_of(&net);
+    (tmp, dir, output)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Both routes
 
@@ -213,9 +222,7 @@ fn forward_from_the_mapping(loaded: &Net, dir: &Path, device: &Device, expected:
 #[test]
 fn recorder_route_on_ndarray_keeps_weights_in_the_mapping_and_reproduces_the_forward_pass() {
     let device = ndarray();
-    let original = Net::init(&device);
-    let expected = original.forward(tokens(&device)).into_data();
-    let (_tmp, dir) = store_of(&original);
+    let (_tmp, dir, expected) = stored_net_and_output(&device);
     let before = file_snapshot(&dir);
 
     // Burn's own pair, and the device-aware wrapper.
@@ -233,9 +240,7 @@ fn recorder_route_on_ndarray_keeps_weights_in_the_mapping_and_reproduces_the_for
 #[test]
 fn store_route_on_ndarray_runs_a_strict_forward_pass_from_the_mapping() {
     let device = ndarray();
-    let original = Net::init(&device);
-    let expected = original.forward(tokens(&device)).into_data();
-    let (_tmp, dir) = store_of(&original);
+    let (_tmp, dir, expected) = stored_net_and_output(&device);
     let before = file_snapshot(&dir);
 
     let mut loaded = Net::init(&device);

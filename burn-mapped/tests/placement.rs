@@ -25,9 +25,8 @@ fn assert_outside(storage: &[(String, Range<usize>)], mappings: &[Range<usize>])
 
 #[test]
 fn resident_store_loads_owned_copies_that_compute_the_same() {
-    let (_tmp, dir, original) = recorded_net();
+    let (_tmp, dir, expected) = recorded_net_and_output();
     let device = Device::flex();
-    let expected = original.forward(tokens(&device)).into_data();
 
     let mut store = MappedStore::options()
         .placement(Placement::Resident)
@@ -48,9 +47,8 @@ fn resident_store_loads_owned_copies_that_compute_the_same() {
 
 #[test]
 fn resident_recorder_releases_the_mapping_before_returning() {
-    let (_tmp, dir, original) = recorded_net();
+    let (_tmp, dir, expected) = recorded_net_and_output();
     let device = Device::flex();
-    let expected = original.forward(tokens(&device)).into_data();
 
     let record = MappedRecorder::with_placement(Placement::Resident)
         .load(&dir)
@@ -120,9 +118,8 @@ fn staging_copies_into_fresh_storage_on_every_call() {
 
 #[test]
 fn staging_a_module_copies_every_parameter_per_use_and_computes_the_same() {
-    let (_tmp, dir, original) = recorded_net();
+    let (_tmp, dir, expected) = recorded_net_and_output();
     let device = Device::flex();
-    let expected = original.forward(tokens(&device)).into_data();
     let record = MappedRecorder::with_placement(Placement::PerUseCopy)
         .load(&dir)
         .unwrap();

@@ -55,6 +55,14 @@ pub fn recorded_net() -> (tempfile::TempDir, PathBuf, Net) {
     (tmp, dir, net)
 }
 
+/// [`recorded_net`], with the recorded module's output on [`tokens`] on Flex (what a module
+/// loaded from the store must reproduce) in its place.
+pub fn recorded_net_and_output() -> (tempfile::TempDir, PathBuf, TensorData) {
+    let (tmp, dir, net) = recorded_net();
+    let output = net.forward(tokens(&Device::flex())).into_data();
+    (tmp, dir, output)
+}
+
 /// Deterministic input tokens.
 pub fn tokens(device: &Device) -> Tensor<2, Int> {
     let ids: Vec<i64> = (0..12).map(|i| (i * 7 + 3) % VOCAB as i64).collect();
