@@ -5,9 +5,10 @@
 mod common;
 
 use std::ops::Range;
+use std::path::Path;
 
 use burn::module::Module;
-use burn::store::ModuleSnapshot;
+use burn::store::{ModuleRecord, ModuleSnapshot};
 use burn::tensor::Device;
 use burn_mapped::{Manifest, MappedRecorder, MappedStore, Placement, Stager};
 use burn_mapped_tests::flex::{flex_storage, float_param_storage};
@@ -21,6 +22,11 @@ fn assert_outside(storage: &[(String, Range<usize>)], mappings: &[Range<usize>])
             "{path}: storage {range:x?} lies in a store mapping {mappings:x?}"
         );
     }
+}
+
+/// The store at `dir` loaded as Burn's record by the recorder, with `placement`.
+fn record_of(dir: &Path, placement: Placement) -> ModuleRecord {
+    MappedRecorder::with_placement(placement).load(dir).unwrap()
 }
 
 #[test]
@@ -50,9 +56,7 @@ fn resident_recorder_releases_the_mapping_before_returning() {
     let (_tmp, dir, expected) = recorded_net_and_output();
     let device = Device::flex();
 
-    let record = MappedRecorder::with_placement(Placement::Resident)
-        .load(&dir)
-        .unwrap();
+    let record = record_of(&dir, Placement::Resident);
     assert!(
         store_mappings(&dir).is_empty(),
         "a resident load must not keep the files mapped"
@@ -66,9 +70,7 @@ fn resident_recorder_releases_the_mapping_before_returning() {
 fn map_and_per_use_copy_recorders_hand_over_the_mapping() {
     let (_tmp, dir, _) = recorded_net();
     for placement in [Placement::Map, Placement::PerUseCopy] {
-        let record = MappedRecorder::with_placement(placement)
-            .load(&dir)
-            .unwrap();
+        let record = record_of(&dir, placement);
         let loaded = Net::init(&Device::flex()).load_record(record);
         let mappings = store_mappings(&dir);
         for (path, range) in float_param_storage(&loaded) {
@@ -120,9 +122,7 @@ fn staging_copies_into_fresh_storage_on_every_call() {
 fn staging_a_module_copies_every_parameter_per_use_and_computes_the_same() {
     let (_tmp, dir, expected) = recorded_net_and_output();
     let device = Device::flex();
-    let record = MappedRecorder::with_placement(Placement::PerUseCopy)
-        .load(&dir)
-        .unwrap();
+    let record = record_of(&dir, Placement::PerUseCopy);
     let at_rest = Net::init(&device).load_record(record);
     let stager = Stager::new(device.clone());
     let clone = stager.clone();
