@@ -68,9 +68,20 @@ impl Recorded {
         file_values(&self.dir, "row.weight")
     }
 
-    /// Asserts that the store's files hold the bytes they held before the load.
+    /// The store, and `row.weight` loaded from it (in `strict` mode or not) and held alone: the
+    /// module dropped, so Flex may pick the weight's storage as an in-place op's output.
+    fn load_sole_row_weight(strict: bool) -> (Self, Tensor<2>) {
+        let (store, net) = Self::load(strict);
+        let w = net.row.weight.val();
+        drop(net);
+        (store, w)
+    }
+
+    /// Asserts that the store's files hold the bytes they held before the load, and that the
+    /// store still verifies.
     fn assert_files_unchanged(&self) {
         assert_eq!(file_snapshot(&self.dir), self.before);
+        assert!(MappedStore::open(&self.dir).unwrap().verify().is_empty());
     }
 }
 
@@ -97,7 +108,6 @@ fn functional_ops_on_weights_allocate_fresh_outputs() {
     // The weight itself still reads the file's values.
     assert_eq!(values(w), reference);
     store.assert_files_unchanged();
-    assert!(MappedStore::open(&store.dir).unwrap().verify().is_empty());
 }
 
 #[test]
@@ -119,20 +129,15 @@ fn strict_mode_allows_reads_and_names_the_weight_an_op_tries_to_write() {
 
 #[test]
 fn in_place_op_on_a_sole_owned_weight_copies_first_by_default() {
-    let (store, net) = Recorded::load(false);
-    let w = net.row.weight.val();
-    drop(net);
+    let (store, w) = Recorded::load_sole_row_weight(false);
     // `w` is now the only owner, so Flex may choose it as the in-place output.
     assert_plus_one(&values(w + 1.0), &store.row_weight());
     store.assert_files_unchanged();
-    assert!(MappedStore::open(&store.dir).unwrap().verify().is_empty());
 }
 
 #[test]
 fn in_place_op_on_a_sole_owned_weight_fails_in_strict_mode_naming_it() {
-    let (store, net) = Recorded::load(true);
-    let w = net.row.weight.val();
-    drop(net);
+    let (store, w) = Recorded::load_sole_row_weight(true);
     assert_strict_refusal("row.weight", || {
         let _ = (w + 1.0).into_data();
     });
