@@ -178,28 +178,17 @@ fn convert_reads_a_burnpack_and_keeps_param_ids() {
 #[test]
 fn inputs_are_detected_by_content_then_by_name() {
     let tmp = tempdir();
+    let detect = |path: &Path| convert::detect(path).unwrap();
     let st = tmp.path().join("weights.bin");
     write_checkpoint(&st);
-    assert_eq!(
-        convert::detect(&st).unwrap(),
-        InputKind::Safetensors,
-        "by content"
-    );
+    assert_eq!(detect(&st), InputKind::Safetensors, "by content");
     let gguf = tmp.path().join("model.bin");
     std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00").unwrap();
-    assert_eq!(convert::detect(&gguf).unwrap(), InputKind::Gguf);
-    assert_eq!(
-        convert::detect(tmp.path()).unwrap(),
-        InputKind::Safetensors,
-        "a directory"
-    );
+    assert_eq!(detect(&gguf), InputKind::Gguf);
+    assert_eq!(detect(tmp.path()), InputKind::Safetensors, "a directory");
     let index = tmp.path().join("model.safetensors.index.json");
     std::fs::write(&index, br#"{"weight_map": {}}"#).unwrap();
-    assert_eq!(
-        convert::detect(&index).unwrap(),
-        InputKind::Safetensors,
-        "by name"
-    );
+    assert_eq!(detect(&index), InputKind::Safetensors, "by name");
     let unknown = tmp.path().join("notes.txt");
     std::fs::write(&unknown, b"hello").unwrap();
     let err = convert::detect(&unknown).unwrap_err().to_string();
