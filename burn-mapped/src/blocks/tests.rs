@@ -232,10 +232,14 @@ fn extreme_values_match_the_definition() {
 /// width): 481 rows in lane groups, more than one token block where the input is wide.
 #[test]
 fn a_prompt_at_model_widths_matches_the_definition() {
-    check(GgmlType::Q5_0, 19, 896, 481, 0.02, 21);
-    check(GgmlType::Q8_0, 13, 896, 481, 0.02, 22);
-    check(GgmlType::Q4_K, 11, 4864, 481, 0.02, 23);
-    check(GgmlType::Q6_K, 9, 4864, 481, 0.02, 24);
+    for (ty, out, cols, seed) in [
+        (GgmlType::Q5_0, 19, 896, 21),
+        (GgmlType::Q8_0, 13, 896, 22),
+        (GgmlType::Q4_K, 11, 4864, 23),
+        (GgmlType::Q6_K, 9, 4864, 24),
+    ] {
+        check(ty, out, cols, 481, 0.02, seed);
+    }
 }
 
 #[test]
