@@ -220,32 +220,30 @@ mod tests {
             cube: Some(CubeLaunch::Dot(t)),
             ..Tuning::default()
         };
-        let d = CubeTuning::DEFAULT;
-        for bad in [
-            CubeTuning { lanes: 4, ..d },
+        let c = CubeTuning::DEFAULT;
+        let bad_fma = [
+            CubeTuning { lanes: 4, ..c },
             CubeTuning {
                 lanes: 64,
                 groups: 8,
-                ..d
+                ..c
             },
-            CubeTuning { unroll: 0, ..d },
-            CubeTuning { rows: 17, ..d },
-            CubeTuning { vector: 3, ..d },
-        ] {
-            assert!(
-                matches!(fma(bad).check(), Err(Q8Error::Tuning { .. })),
-                "{bad:?}"
-            );
-        }
+            CubeTuning { unroll: 0, ..c },
+            CubeTuning { rows: 17, ..c },
+            CubeTuning { vector: 3, ..c },
+        ]
+        .map(fma);
         let d = DotTuning::MANY;
-        for bad in [
+        let bad_dot = [
             DotTuning { lanes: 4, ..d },
             DotTuning { groups: 16, ..d },
             DotTuning { rows: 17, ..d },
             DotTuning { unroll: 0, ..d },
-        ] {
+        ]
+        .map(dot);
+        for bad in bad_fma.into_iter().chain(bad_dot) {
             assert!(
-                matches!(dot(bad).check(), Err(Q8Error::Tuning { .. })),
+                matches!(bad.check(), Err(Q8Error::Tuning { .. })),
                 "{bad:?}"
             );
         }
