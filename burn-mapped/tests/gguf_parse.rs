@@ -39,6 +39,24 @@ fn valid() -> Builder {
         .data(data)
 }
 
+/// A file of the one tensor `name` (`dims` of ggml type `ty` at `offset`) over a data section of
+/// `data_len` zero bytes.
+fn one_tensor(name: &str, dims: &[u64], ty: u32, offset: u64, data_len: usize) -> Vec<u8> {
+    Builder::new()
+        .tensor(name, dims, ty, offset)
+        .data(vec![0; data_len])
+        .build()
+}
+
+/// [`valid`] with the tensor `name` added (`dims` of ggml type `ty` at `offset`) and its data
+/// section `data_len` zero bytes.
+fn valid_and(name: &str, dims: &[u64], ty: u32, offset: u64, data_len: usize) -> Vec<u8> {
+    valid()
+        .tensor(name, dims, ty, offset)
+        .data(vec![0; data_len])
+        .build()
+}
+
 fn parse_err(bytes: &[u8]) -> GgufError {
     match GgufFile::parse(bytes) {
         Ok(_) => panic!("parsed although invalid"),
@@ -484,10 +502,7 @@ fn rejects_a_string_longer_than_the_rest_of_the_file() {
 #[test]
 fn rejects_a_tensor_name_longer_than_the_cap() {
     let name = "n".repeat(MAX_TENSOR_NAME_LEN as usize + 1);
-    let bytes = Builder::new()
-        .tensor(&name, &[4], F32, 0)
-        .data(vec![0; 16])
-        .build();
+    let bytes = one_tensor(&name, &[4], F32, 0, 16);
     assert_matches!(
         parse_err(&bytes),
         GgufError::StringTooLong { field, max: MAX_TENSOR_NAME_LEN, .. } if field == "name of tensor 0"
@@ -567,10 +582,7 @@ fn rejects_a_duplicate_key() {
 
 #[test]
 fn rejects_a_duplicate_tensor_name() {
-    let bytes = valid()
-        .tensor("vec", &[4], F32, 64)
-        .data(vec![0; 96])
-        .build();
+    let bytes = valid_and("vec", &[4], F32, 64, 96);
     assert_matches!(parse_err(&bytes), GgufError::DuplicateTensor { tensor } if tensor == "vec");
 }
 
@@ -597,10 +609,7 @@ fn rejects_an_alignment_that_is_not_u32() {
 
 #[test]
 fn rejects_more_than_four_dims() {
-    let bytes = Builder::new()
-        .tensor("t5", &[1, 1, 1, 1, 1], F32, 0)
-        .data(vec![0; 4])
-        .build();
+    let bytes = one_tensor("t5", &[1, 1, 1, 1, 1], F32, 0, 4);
     assert_matches!(
         parse_err(&bytes),
         GgufError::TooManyDims { tensor, n_dims: 5, max: MAX_DIMS } if tensor == "t5"
@@ -610,10 +619,7 @@ fn rejects_more_than_four_dims() {
 #[test]
 fn rejects_an_unknown_ggml_type() {
     // 4 was Q4_2, retired from ggml.
-    let bytes = valid()
-        .tensor("old", &[32], 4, 64)
-        .data(vec![0; 128])
-        .build();
+    let bytes = valid_and("old", &[32], 4, 64, 128);
     assert_matches!(
         parse_err(&bytes),
         GgufError::UnknownGgmlType { tensor, type_id: 4 } if tensor == "old"
@@ -622,20 +628,14 @@ fn rejects_an_unknown_ggml_type() {
 
 #[test]
 fn rejects_an_element_count_that_overflows() {
-    let bytes = Builder::new()
-        .tensor("huge", &[1 << 32, 1 << 32], F32, 0)
-        .data(vec![0; 4])
-        .build();
+    let bytes = one_tensor("huge", &[1 << 32, 1 << 32], F32, 0, 4);
     assert_matches!(parse_err(&bytes), GgufError::ShapeOverflow { tensor, .. } if tensor == "huge");
 }
 
 #[test]
 fn rejects_a_byte_size_that_overflows() {
     // 2^62 elements fit in i64, but 2^64 bytes of F32 do not fit in u64.
-    let bytes = Builder::new()
-        .tensor("big", &[1 << 31, 1 << 31], F32, 0)
-        .data(vec![0; 4])
-        .build();
+    let bytes = one_tensor("big", &[1 << 31, 1 << 31], F32, 0, 4);
     assert_matches!(
         parse_err(&bytes),
         GgufError::ShapeOverflow { tensor, dims } if tensor == "big" && dims == [1 << 31, 1 << 31]
@@ -644,19 +644,13 @@ fn rejects_a_byte_size_that_overflows() {
 
 #[test]
 fn rejects_a_dim_above_i64_max() {
-    let bytes = Builder::new()
-        .tensor("neg", &[u64::MAX], F32, 0)
-        .data(vec![0; 4])
-        .build();
+    let bytes = one_tensor("neg", &[u64::MAX], F32, 0, 4);
     assert_matches!(parse_err(&bytes), GgufError::ShapeOverflow { tensor, .. } if tensor == "neg");
 }
 
 #[test]
 fn rejects_a_row_that_is_not_a_whole_number_of_blocks() {
-    let bytes = Builder::new()
-        .tensor("q", &[16, 2], Q8_0, 0)
-        .data(vec![0; 64])
-        .build();
+    let bytes = one_tensor("q", &[16, 2], Q8_0, 0, 64);
     assert_matches!(
         parse_err(&bytes),
         GgufError::RowNotBlockAligned { tensor, ggml_type: GgmlType::Q8_0, ne0: 16, block_size: 32 } if tensor == "q"
@@ -665,10 +659,7 @@ fn rejects_a_row_that_is_not_a_whole_number_of_blocks() {
 
 #[test]
 fn rejects_a_misaligned_tensor_offset() {
-    let bytes = Builder::new()
-        .tensor("m", &[4], F32, 4)
-        .data(vec![0; 32])
-        .build();
+    let bytes = one_tensor("m", &[4], F32, 4, 32);
     assert_matches!(
         parse_err(&bytes),
         GgufError::MisalignedTensor { tensor, offset: 4, alignment: 32 } if tensor == "m"
@@ -677,10 +668,7 @@ fn rejects_a_misaligned_tensor_offset() {
 
 #[test]
 fn rejects_a_tensor_past_the_end_of_the_file() {
-    let bytes = valid()
-        .tensor("late", &[8], F32, 64)
-        .data(vec![0; 80])
-        .build();
+    let bytes = valid_and("late", &[8], F32, 64, 80);
     match parse_err(&bytes) {
         GgufError::TensorOutOfBounds {
             tensor,
@@ -699,10 +687,7 @@ fn rejects_a_tensor_past_the_end_of_the_file() {
 #[test]
 fn rejects_a_tensor_offset_whose_end_overflows_u64() {
     let offset = u64::MAX - 31; // aligned
-    let bytes = Builder::new()
-        .tensor("wrap", &[16], F32, offset)
-        .data(vec![0; 64])
-        .build();
+    let bytes = one_tensor("wrap", &[16], F32, offset, 64);
     assert_matches!(
         parse_err(&bytes),
         GgufError::TensorOutOfBounds { tensor, start, .. } if tensor == "wrap" && start > u128::from(u64::MAX)
