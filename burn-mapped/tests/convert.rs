@@ -360,6 +360,14 @@ fn tensors_are_stored_in_file_order_and_header_metadata_is_kept() {
     );
 }
 
+/// [`write_sharded`] into a new directory `ckpt` under `dir`: that directory and the tensors.
+fn sharded_checkpoint(dir: &Path) -> (PathBuf, Vec<Raw>) {
+    let ckpt = dir.join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    let input = write_sharded(&ckpt);
+    (ckpt, input)
+}
+
 fn write_sharded(dir: &Path) -> Vec<Raw> {
     let shard1: Vec<Raw> = vec![
         (
@@ -395,9 +403,7 @@ fn write_sharded(dir: &Path) -> Vec<Raw> {
 #[test]
 fn a_sharded_checkpoint_converts_from_its_index_or_its_directory() {
     let tmp = tempdir();
-    let ckpt = tmp.path().join("ckpt");
-    std::fs::create_dir(&ckpt).unwrap();
-    let input = write_sharded(&ckpt);
+    let (ckpt, input) = sharded_checkpoint(tmp.path());
 
     for (i, source) in [ckpt.join("model.safetensors.index.json"), ckpt.clone()]
         .iter()
@@ -418,9 +424,7 @@ fn a_sharded_checkpoint_converts_from_its_index_or_its_directory() {
 #[test]
 fn a_directory_of_shards_without_an_index_converts_every_shard() {
     let tmp = tempdir();
-    let ckpt = tmp.path().join("ckpt");
-    std::fs::create_dir(&ckpt).unwrap();
-    let input = write_sharded(&ckpt);
+    let (ckpt, input) = sharded_checkpoint(tmp.path());
     std::fs::remove_file(ckpt.join("model.safetensors.index.json")).unwrap();
     let out = tmp.path().join("store");
     let (manifest, _) = from_safetensors(&ckpt, &out, &mut ConvertOptions::default()).unwrap();
