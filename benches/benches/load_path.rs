@@ -10,29 +10,17 @@
 use std::hint::black_box;
 
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::tensor::Device;
 use burn_mapped::{Manifest, MappedRecorder, MappedStore, manifest::MANIFEST_FILE};
+use burn_mapped_benches::synth::Stack;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-
-#[derive(Module, Debug)]
-struct Stack {
-    layers: Vec<Linear>,
-}
 
 const LAYERS: usize = 96;
 const DIM: usize = 64;
 
+/// The synthetic model's stack, small: 96 layers of `[64, 64]`.
 fn stack(device: &Device) -> Stack {
-    Stack {
-        layers: (0..LAYERS)
-            .map(|_| {
-                LinearConfig::new(DIM, DIM)
-                    .with_layout(LinearLayout::Col)
-                    .init(device)
-            })
-            .collect(),
-    }
+    Stack::init(LAYERS, DIM, device)
 }
 
 fn load_path(c: &mut Criterion) {
