@@ -15,6 +15,15 @@ use burn_mapped::{
 };
 use burn_mapped_tests::synthetic::entry_names;
 
+/// [`write_store`] at `store` under a fresh temporary directory: the directory's guard, the
+/// store's path and its manifest.
+fn temp_store(fill: u8, tensors: usize) -> (tempfile::TempDir, PathBuf, Manifest) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let manifest = write_store(&dir, fill, tensors);
+    (tmp, dir, manifest)
+}
+
 fn write_store(dir: &Path, fill: u8, tensors: usize) -> Manifest {
     let mut writer = StoreWriter::create(dir).unwrap();
     writer.metadata("fill", fill.to_string());
@@ -310,9 +319,7 @@ fn a_store_of_more_files_than_the_soft_limit_opens_or_says_why_not() {
 
 #[test]
 fn a_fifo_as_tensor_file_or_manifest_is_an_error_not_a_hang() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let manifest = write_store(&dir, 1, 2);
+    let (_tmp, dir, manifest) = temp_store(1, 2);
     let file = dir.join(manifest.tensors()[1].file());
     std::fs::remove_file(&file).unwrap();
     mkfifo(&file);
@@ -332,9 +339,7 @@ fn a_fifo_as_tensor_file_or_manifest_is_an_error_not_a_hang() {
 
 #[test]
 fn a_manifest_linked_to_an_endless_file_is_refused_without_reading_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    write_store(&dir, 1, 1);
+    let (_tmp, dir, _) = temp_store(1, 1);
     std::fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.join(MANIFEST_FILE)).unwrap();
     let err = on_dir_in_time(&dir, |d| Manifest::read(d).unwrap_err());
@@ -343,9 +348,7 @@ fn a_manifest_linked_to_an_endless_file_is_refused_without_reading_it() {
 
 #[test]
 fn a_manifest_longer_than_the_cap_is_refused_by_the_bytes_read() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    write_store(&dir, 1, 1);
+    let (_tmp, dir, _) = temp_store(1, 1);
     let big = vec![b' '; (burn_mapped::manifest::MAX_MANIFEST_BYTES + 1) as usize];
     std::fs::write(dir.join(MANIFEST_FILE), big).unwrap();
     assert!(matches!(
@@ -395,9 +398,7 @@ fn shm_or_tmp() -> PathBuf {
 
 #[test]
 fn verify_on_open_catches_a_changed_byte_that_a_plain_open_does_not() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let manifest = write_store(&dir, 1, 1);
+    let (_tmp, dir, manifest) = temp_store(1, 1);
     let file = dir.join(manifest.tensors()[0].file());
     let mut bytes = std::fs::read(&file).unwrap();
     bytes[10] ^= 1;
@@ -412,9 +413,7 @@ fn verify_on_open_catches_a_changed_byte_that_a_plain_open_does_not() {
 /// fails.
 #[test]
 fn readers_never_see_a_mix_of_generations_while_a_writer_replaces_the_store() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    write_store(&dir, 0, 4);
+    let (_tmp, dir, _) = temp_store(0, 4);
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let writer = {
         let (dir, stop) = (dir.clone(), stop.clone());
@@ -466,9 +465,7 @@ fn a_file_truncated_under_its_mapping_ends_the_process_naming_the_file() {
         let sum: u64 = file.bytes().iter().map(|&b| u64::from(b)).sum();
         panic!("read {sum} from a truncated mapping without a fault");
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let manifest = write_store(&dir, 9, 1);
+    let (_tmp, dir, manifest) = temp_store(9, 1);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
