@@ -9,7 +9,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, Param};
 use burn::store::burn_pack;
 use burn::store::{ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Device, Tensor};
@@ -20,6 +20,7 @@ use burn_mapped::convert::{
 use burn_mapped::{Manifest, MappedRecorder, MappedStore};
 use burn_mapped_tests::assert_matches;
 use burn_mapped_tests::numeric::f32_le_bytes;
+use burn_mapped_tests::params::{ParamProbe, probe_float_params};
 use burn_mapped_tests::synthetic::{RawTensor, write_safetensors};
 use burn_mapped_tests::tempdir;
 use common::*;
@@ -1098,25 +1099,18 @@ fn rejects_a_truncated_burnpack() {
     assert_matches!(err, ConvertError::Burnpack { .. });
 }
 
-struct Ids(Vec<(String, u64)>, Vec<String>);
-
-impl ModuleVisitor for Ids {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.1.push(name.to_string());
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.1.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.0.push((self.1.join("."), param.id.val()));
-    }
-}
-
+/// Every float parameter's path and id, sorted by path.
 fn param_ids<M: Module>(module: &M) -> Vec<(String, u64)> {
-    let mut v = Ids(Vec::new(), Vec::new());
-    module.visit(&mut v);
-    v.0.sort();
-    v.0
+    struct Id;
+    impl ParamProbe for Id {
+        type Out = u64;
+        fn probe<const D: usize>(&mut self, param: &Param<Tensor<D>>) -> u64 {
+            param.id.val()
+        }
+    }
+    let mut ids = probe_float_params(module, Id);
+    ids.sort();
+    ids
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use burn::backend::NdArray;
 use burn::backend::ndarray::NdArrayTensor;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::LinearLayout;
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -140,8 +140,8 @@ fn ndarray_params<M: Module>(module: &M) -> Vec<(String, bool, std::ops::Range<u
     struct Storage;
     impl ParamProbe for Storage {
         type Out = (bool, std::ops::Range<usize>);
-        fn probe<const D: usize>(&mut self, value: Tensor<D>) -> Self::Out {
-            ndarray_storage(value)
+        fn probe<const D: usize>(&mut self, param: &Param<Tensor<D>>) -> Self::Out {
+            ndarray_storage(param.val())
         }
     }
     probe_float_params(module, Storage)

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::tensor::kind::Basic;
 use burn::tensor::{BackendPrimitive, Tensor};
 
@@ -29,8 +29,8 @@ pub fn float_param_storage<M: Module>(module: &M) -> Vec<(String, Range<usize>)>
     struct Storage;
     impl ParamProbe for Storage {
         type Out = Range<usize>;
-        fn probe<const D: usize>(&mut self, value: Tensor<D>) -> Range<usize> {
-            flex_storage(value)
+        fn probe<const D: usize>(&mut self, param: &Param<Tensor<D>>) -> Range<usize> {
+            flex_storage(param.val())
         }
     }
     probe_float_params(module, Storage)

@@ -5,10 +5,10 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 
-/// Looks at one float parameter's value, whatever its rank.
+/// Looks at one float parameter (its value, its id), whatever its rank.
 pub trait ParamProbe {
     type Out;
-    fn probe<const D: usize>(&mut self, value: Tensor<D>) -> Self::Out;
+    fn probe<const D: usize>(&mut self, param: &Param<Tensor<D>>) -> Self::Out;
 }
 
 /// `probe`'s finding on every float parameter of `module`, with the parameter's path.
@@ -26,7 +26,7 @@ pub fn probe_float_params<M: Module, P: ParamProbe>(module: &M, probe: P) -> Vec
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let found = self.probe.probe(param.val());
+            let found = self.probe.probe(param);
             self.out.push((self.path.join("."), found));
         }
     }
