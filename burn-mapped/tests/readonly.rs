@@ -77,6 +77,18 @@ impl Recorded {
         (store, w)
     }
 
+    /// Asserts that ops which only read `w`, the loaded `row.weight` (`w + 1`, `exp(w)`), give
+    /// its file's values so changed; returns those values.
+    fn assert_reads_run(&self, w: &Tensor<2>) -> Vec<f64> {
+        let reference = self.row_weight();
+        assert_plus_one(&values(w.clone() + 1.0), &reference);
+        let exp = values(w.clone().exp());
+        for (e, r) in exp.iter().zip(&reference) {
+            assert!((e - r.exp()).abs() <= 1e-6 * r.exp().max(1.0));
+        }
+        reference
+    }
+
     /// Asserts that the store's files hold the bytes they held before the load, and that the
     /// store still verifies.
     fn assert_files_unchanged(&self) {
@@ -97,13 +109,7 @@ fn assert_plus_one(got: &[f64], reference: &[f64]) {
 fn functional_ops_on_weights_allocate_fresh_outputs() {
     let (store, net) = Recorded::load(false);
     let w = net.row.weight.val();
-    let reference = store.row_weight();
-
-    assert_plus_one(&values(w.clone() + 1.0), &reference);
-    let exp = values(w.clone().exp());
-    for (e, r) in exp.iter().zip(&reference) {
-        assert!((e - r.exp()).abs() <= 1e-6 * r.exp().max(1.0));
-    }
+    let reference = store.assert_reads_run(&w);
     assert_corner_patched(&w, &file_f32(&store.dir, "row.weight"));
     // The weight itself still reads the file's values.
     assert_eq!(values(w), reference);
@@ -114,9 +120,8 @@ fn functional_ops_on_weights_allocate_fresh_outputs() {
 fn strict_mode_allows_reads_and_names_the_weight_an_op_tries_to_write() {
     let (store, net) = Recorded::load(true);
     let w = net.row.weight.val();
-    let reference = store.row_weight();
     // Ops that only read the weight run as usual.
-    assert_plus_one(&values(w.clone() + 1.0), &reference);
+    let reference = store.assert_reads_run(&w);
     // Flex's slice_assign clones the shared storage without copying and then writes the
     // clone: a write request on mapped bytes, which strict mode exists to expose.
     let patch = Tensor::<2>::from_data(TensorData::new(vec![9.0f32; 4], [2, 2]), &w.device());
