@@ -18,13 +18,16 @@ pub fn qwen_identity(
     if let Some(first) = warm.first() {
         let mut tokens_ok = true;
         let mut logits_ok = true;
+        // Which sample a mismatch is of.
+        let sample = |phase: &str, s: &QwenSample| {
+            format!("qwen {tag} {phase} round {} {}", s.round, s.arm.name())
+        };
         for s in warm {
             if s.tokens != first.tokens {
                 tokens_ok = false;
                 id.mismatches.push(format!(
-                    "qwen {tag} warm round {} {}: tokens {:?} differ from {:?}",
-                    s.round,
-                    s.arm.name(),
+                    "{}: tokens {:?} differ from {:?}",
+                    sample("warm", s),
                     s.tokens,
                     first.tokens
                 ));
@@ -34,9 +37,8 @@ pub fn qwen_identity(
             {
                 logits_ok = false;
                 id.mismatches.push(format!(
-                    "qwen {tag} warm round {} {}: logits hash {}/{} differs from {}/{}",
-                    s.round,
-                    s.arm.name(),
+                    "{}: logits hash {}/{} differs from {}/{}",
+                    sample("warm", s),
                     s.first_logits_xxh3,
                     s.all_logits_xxh3,
                     first.first_logits_xxh3,
@@ -50,9 +52,8 @@ pub fn qwen_identity(
             {
                 tokens_ok = false;
                 id.mismatches.push(format!(
-                    "qwen {tag} cold round {} {}: first token or logits differ",
-                    s.round,
-                    s.arm.name()
+                    "{}: first token or logits differ",
+                    sample("cold", s)
                 ));
             }
         }
