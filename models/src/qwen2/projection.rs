@@ -61,6 +61,13 @@ impl Q8Linear {
         Q8Weight::new(self.weight.val(), self.weight_scale.val())
     }
 
+    /// [`q8_weight`](Self::q8_weight) for a forward pass, where parameters that are not a q8
+    /// weight are a loader bug.
+    fn loaded_weight(&self) -> Q8Weight {
+        self.q8_weight()
+            .unwrap_or_else(|e| panic!("Q8Linear parameters: {e}"))
+    }
+
     /// Applies the layer to the last dimension of `x` (`[..., in]` to `[..., out]`); leading
     /// dimensions are flattened into the op's activation rows.
     ///
@@ -69,9 +76,7 @@ impl Q8Linear {
     /// If the loaded parameters are not a q8 weight of `x`'s width (a loader bug: check
     /// stores with [`q8_weight`](Self::q8_weight) after loading).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let weight = self
-            .q8_weight()
-            .unwrap_or_else(|e| panic!("Q8Linear parameters: {e}"));
+        let weight = self.loaded_weight();
         on_rows(x, |x| {
             q8_linear(x, &weight, self.bias.as_ref().map(|b| b.val()))
                 .unwrap_or_else(|e| panic!("Q8Linear: {e}"))
@@ -85,9 +90,7 @@ impl Q8Linear {
     ///
     /// As [`forward`](Self::forward).
     pub fn forward_input(&self, input: &Q8Input) -> Tensor<2> {
-        let weight = self
-            .q8_weight()
-            .unwrap_or_else(|e| panic!("Q8Linear parameters: {e}"));
+        let weight = self.loaded_weight();
         q8_linear_input(input, &weight, self.bias.as_ref().map(|b| b.val()))
             .unwrap_or_else(|e| panic!("Q8Linear: {e}"))
     }
