@@ -21,6 +21,7 @@ pub mod params;
 pub mod real;
 pub mod synthetic;
 pub mod tiny_qwen2;
+pub mod xorshift;
 
 pub use real::real_gguf;
 pub use synthetic::tempdir;

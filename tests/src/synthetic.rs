@@ -13,6 +13,8 @@ use burn_mapped::{StoreWriter, TensorSpec};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
+pub use crate::xorshift::XorShift;
+
 /// A fresh temporary directory that removes itself.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -50,34 +52,6 @@ pub fn entry_names(dir: &Path) -> Vec<String> {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect()
-}
-
-/// A xorshift64 generator (its state, never zero): the same numbers on every run from the same
-/// state.
-#[derive(Debug, Clone)]
-pub struct XorShift(pub u64);
-
-impl XorShift {
-    /// A generator for `seed`, mixed so that nearby seeds part at once.
-    pub fn seeded(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// The next number.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-impl Iterator for XorShift {
-    type Item = u64;
-
-    fn next(&mut self) -> Option<u64> {
-        Some(self.next_u64())
-    }
 }
 
 /// Writes `bytes` as `dir/name` and returns its path.

@@ -4,7 +4,10 @@
 
 use burn::tensor::{DType, Device, Tensor, TensorData, f16};
 use burn_mapped::q8::{Q8Input, Q8Rows, Q8Weight, SPLIT_Q_MAX, q8_linear_input};
-use burn_mapped_tests::synthetic::XorShift;
+// By path, not through burn-mapped-tests: `gpu-adopt`, another workspace, includes this module.
+#[path = "../../../tests/src/xorshift.rs"]
+mod xorshift;
+use xorshift::XorShift;
 
 /// A xorshift generator seeded from the clock (or `Q8_SEED`), so every run sees new
 /// operands; failures print the seed to replay them.
