@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::dtype::{dtype_name, parse_dtype};
 use crate::error::{ExpectedLen, StoreError};
-use crate::gguf::format::{GgmlType, can_dequantize};
+use crate::gguf::format::{BlockLayout, GgmlType};
 pub use crate::layout::{ALIGNMENT, padded_len};
 
 /// The manifest's file name inside a store directory.
@@ -55,49 +55,6 @@ pub struct QuantLink {
     pub rel_error: Option<f32>,
 }
 
-/// Marks a tensor as quantized GGUF blocks kept exactly as the checkpoint holds them: a `u8`
-/// tensor `[rows, row_bytes]` whose every row is `cols / block_size` whole blocks of `ty`, so a
-/// row never straddles a block and a thread given whole rows reads whole blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockLayout {
-    ty: GgmlType,
-    cols: usize,
-}
-
-impl BlockLayout {
-    /// `cols` values per row in blocks of `ty`.
-    ///
-    /// # Errors
-    ///
-    /// The reason, when `ty` is not a block type the store knows (one that
-    /// [`can_dequantize`] decodes, other than the plain floats) or `cols` is not a positive
-    /// multiple of its block size.
-    pub fn new(ty: GgmlType, cols: usize) -> Result<Self, &'static str> {
-        if ty.block_size() == 1 || !can_dequantize(ty) {
-            return Err("not a block type the store knows");
-        }
-        if cols == 0 || !(cols as u64).is_multiple_of(ty.block_size()) {
-            return Err("columns are not a positive multiple of the block size");
-        }
-        Ok(Self { ty, cols })
-    }
-
-    /// The block type.
-    pub fn ty(self) -> GgmlType {
-        self.ty
-    }
-
-    /// Values per row.
-    pub fn cols(self) -> usize {
-        self.cols
-    }
-
-    /// Bytes per row: `cols / block_size` blocks.
-    pub fn row_bytes(self) -> usize {
-        self.cols / self.ty.block_size() as usize * self.ty.type_size() as usize
-    }
-}
-
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBlocks {
@@ -109,8 +66,8 @@ struct RawBlocks {
 impl From<BlockLayout> for RawBlocks {
     fn from(layout: BlockLayout) -> Self {
         RawBlocks {
-            ty: layout.ty.name().to_string(),
-            cols: layout.cols as u64,
+            ty: layout.ty().name().to_string(),
+            cols: layout.cols() as u64,
         }
     }
 }

@@ -106,7 +106,7 @@ impl MappedStore {
     /// names: one read-only shared mapping of the file, every tensor a window onto it at its
     /// offset (see [`crate::view`]). `F32`/`F16`/`BF16` tensors keep their dtype; 2-D tensors
     /// of a block type the block kernels read keep their blocks as `u8` `[rows, row_bytes]`
-    /// with a [`BlockLayout`](crate::manifest::BlockLayout) (see [`crate::blocks`]); other block tensors
+    /// with a [`BlockLayout`](crate::gguf::BlockLayout) (see [`crate::blocks`]); other block tensors
     /// are dequantized to `f32` once and listed by [`copied`](Self::copied). The metadata's
     /// scalars are `gguf.<key>` strings in [`manifest`](Self::manifest)`.metadata()`.
     ///

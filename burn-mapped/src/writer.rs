@@ -29,10 +29,10 @@ use xxhash_rust::xxh3::Xxh3Default;
 
 use crate::error::StoreError;
 use crate::generation::{lock, open_dir, still_at};
+use crate::gguf::BlockLayout;
 use crate::layout::padded_len;
 use crate::manifest::{
-    Annotations, BlockLayout, FORMAT, MANIFEST_FILE, Manifest, QuantLink, TensorEntry,
-    file_name_for,
+    Annotations, FORMAT, MANIFEST_FILE, Manifest, QuantLink, TensorEntry, file_name_for,
 };
 
 /// What the writer needs to know about a tensor besides its bytes.

@@ -186,7 +186,7 @@ fn a_block_layout_that_does_not_describe_the_bytes_is_a_typed_error() {
 #[test]
 fn block_weights_refuse_what_they_cannot_read() {
     let device = Device::flex();
-    let layout = burn_mapped::manifest::BlockLayout::new(GgmlType::Q8_0, 64).unwrap();
+    let layout = burn_mapped::gguf::BlockLayout::new(GgmlType::Q8_0, 64).unwrap();
     let wrong_rows = Tensor::<2, burn::tensor::Int>::zeros([2, 60], (&device, DType::U8));
     assert!(matches!(
         BlockWeight::new(wrong_rows, layout),

@@ -12,8 +12,8 @@
 //! an integer).
 
 use super::act::{ACT_BLOCK, Acts, TILE_T};
+use crate::gguf::BlockLayout;
 use crate::gguf::format::{GgmlType, f16_at, q4_k_scale_min};
-use crate::manifest::BlockLayout;
 use crate::slabs::{Slabs, transpose_into};
 
 /// Smallest slab of weight bytes worth a task of its own.

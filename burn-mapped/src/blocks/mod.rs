@@ -19,7 +19,7 @@ mod weight;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use crate::manifest::BlockLayout;
+pub use crate::gguf::BlockLayout;
 pub use error::BlockError;
 pub use weight::{
     BlockInput, BlockWeight, block_linear, block_linear_input, block_linear_into,

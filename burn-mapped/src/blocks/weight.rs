@@ -8,7 +8,7 @@ use super::act::{self, ACT_BLOCK, Acts};
 use super::error::BlockError;
 use super::kernel::{Isa, Product, matmul_many, matmul_many_into};
 use crate::error::StoreError;
-use crate::manifest::BlockLayout;
+use crate::gguf::BlockLayout;
 use crate::placement::is_flex;
 use crate::store::MappedStore;
 

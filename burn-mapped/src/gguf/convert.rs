@@ -9,12 +9,13 @@ use std::path::Path;
 
 use burn::tensor::DType;
 
+use super::format::BlockLayout;
 use super::format::{f16_at, scale_offsets};
 use super::source::{SourceError, SourceRecord};
 use super::{GgufError, MappedGguf, dequantize};
 use crate::convert::Q8SelectFn;
 use crate::error::StoreError;
-use crate::manifest::{BlockLayout, Manifest, Q8_ROW_F16};
+use crate::manifest::{Manifest, Q8_ROW_F16};
 use crate::q8::{Q8Builder, Q8Error, add_q8, scale_name};
 use crate::writer::{Existing, StoreWriter, TensorSpec};
 

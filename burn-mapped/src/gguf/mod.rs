@@ -44,9 +44,9 @@ mod source;
 
 pub use convert::{GgufConvert, GgufConvertError, gguf_to_store};
 pub use format::{
-    Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEY_LEN,
-    MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS, TensorInfo, Value,
-    ValueType, can_dequantize, dequantize, dequantize_to_vec, scale_offsets,
+    Array, BlockLayout, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS,
+    MAX_KEY_LEN, MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS,
+    TensorInfo, Value, ValueType, can_dequantize, dequantize, dequantize_to_vec, scale_offsets,
 };
 pub use mapped::MappedGguf;
 pub use source::{SOURCE_HEX_KEY, SOURCE_KEY, SourceError, SourceRecord, SourceState};

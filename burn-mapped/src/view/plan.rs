@@ -8,8 +8,9 @@ use std::path::Path;
 use burn_std::DType;
 
 use crate::error::StoreError;
+use crate::gguf::BlockLayout;
 use crate::gguf::format::{GgmlType, GgufFile, can_dequantize};
-use crate::manifest::{BlockLayout, TensorEntry};
+use crate::manifest::TensorEntry;
 
 /// Metadata key naming the format a view was read from (`gguf`, `safetensors`).
 pub const FORMAT_KEY: &str = "source.format";

@@ -87,7 +87,7 @@ pub enum WeightKind {
     /// A q8 matrix with per-row scales.
     Q8,
     /// GGUF blocks, as the checkpoint holds them.
-    Blocks(burn_mapped::manifest::BlockLayout),
+    Blocks(burn_mapped::gguf::BlockLayout),
 }
 
 /// Why a forward pass was refused.

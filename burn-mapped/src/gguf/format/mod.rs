@@ -6,12 +6,14 @@
 
 mod dequant;
 mod error;
+mod layout;
 mod reader;
 mod types;
 
 pub use dequant::{can_dequantize, dequantize, dequantize_to_vec, scale_offsets};
 pub(crate) use dequant::{f16_at, q4_k_scale_min};
 pub use error::GgufError;
+pub use layout::BlockLayout;
 pub use reader::{GgufFile, TensorInfo};
 pub use types::{Array, GgmlType, Value, ValueType};
 
