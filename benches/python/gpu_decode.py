@@ -6,7 +6,9 @@ same GGUF, the arms alternating within each round (their order rotating by round
 in `-topp` sample instead (`--temperature 0.8 --top-p 0.9 --seed 1`): `q8-step-topp` is the
 device step's top-p, `q8-ops-topp` the host sampler's after tensor ops. The `q8-step-batch32`
 arm runs the device step with `CUBECL_WGPU_MAX_TASKS=32`, CubeCL's default batch of launches per
-submission, where `generate` otherwise submits each step whole (512).
+submission, where `generate` otherwise submits each step whole (512). Arms ending in `-kc` keep
+compiled kernels in `<cache-dir>/kernels` (`--kernel-cache`), warm after the first use; the
+others compile every kernel in every process.
 
 Per burn-mapped run: decode tok/s (tokens after the first over the time after it), time to the
 first token and model-ready time (in-process), and for the device step its launches per token,
@@ -40,14 +42,16 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 
 
 def burn_arm(arm):
-    """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs, and
-    whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy."""
+    """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs,
+    whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy, the
+    launch batch, and whether compiled kernels are kept across processes."""
     parts = arm.split("-")
-    return parts[0], "step" in parts, "topp" in parts, "batch32" in parts
+    return parts[0], "step" in parts, "topp" in parts, "batch32" in parts, "kc" in parts
 
 
-def run_burn(args, dtype, device_step, top_p=False, batch32=False, prompt=None):
-    """`prompt` None: the chat prompt; else this text without the chat template."""
+def run_burn(args, dtype, device_step, top_p=False, batch32=False, kc=False, prompt=None):
+    """`prompt` None: the chat prompt; else this text without the chat template. `kc`: the
+    kernel cache in `<cache-dir>/kernels`."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
         "--placement", "resident", "--dtype", dtype, "--max-tokens", str(args.tokens),
@@ -63,6 +67,8 @@ def run_burn(args, dtype, device_step, top_p=False, batch32=False, prompt=None):
     env = dict(os.environ)
     if batch32:
         env["CUBECL_WGPU_MAX_TASKS"] = "32"
+    if kc:
+        cmd += ["--kernel-cache", os.path.join(args.cache_dir, "kernels")]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -80,6 +86,7 @@ def run_burn(args, dtype, device_step, top_p=False, batch32=False, prompt=None):
         "host_us_per_token": s.get("host_us_per_token"),
         "device_us_per_token": s.get("device_us_per_token"),
         "device_us_by_launch": s.get("device_us_by_launch"),
+        "kernel_cache": s.get("kernel_cache"),
         "wall_s": wall,
         "generated_ids": s["generated_ids"][:32],
     }
@@ -110,7 +117,7 @@ def first_token(args, arm, prompt_tokens, text=None):
     one = argparse.Namespace(**{**vars(args), "tokens": 1})
     rec = run_burn(one, *burn_arm(arm), prompt=text)
     return {"wall_ms": rec["wall_s"] * 1e3, "prompt_ms": rec["ttft_ms"] - rec["model_ready_ms"],
-            "prompt_tokens": rec["prompt_tokens"]}
+            "prompt_tokens": rec["prompt_tokens"], "kernel_cache": rec["kernel_cache"]}
 
 
 def cache_bytes(path):
@@ -204,7 +211,7 @@ def main():
                       f"(prompt {ft['prompt_ms']:.1f} ms)", file=sys.stderr, flush=True)
         if long_tokens:
             for arm in order:
-                if arm.startswith("llama") or arm == "q8-step":
+                if arm.startswith("llama") or arm in ("q8-step", "q8-step-kc"):
                     ft = first_token(args, arm, long_tokens, text=long_text)
                     firsts_long[arm].append(ft)
                     print(f"round {r} {arm}: first token of {long_tokens} {ft['wall_ms']:.0f} ms "

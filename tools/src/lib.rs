@@ -33,6 +33,7 @@ pub mod cli;
 pub mod device;
 pub mod fetch;
 pub mod interrupt;
+pub mod kernel_cache;
 pub mod probe;
 pub mod probe_cache;
 pub mod qwen;

@@ -15,7 +15,9 @@ use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
 use serde::Serialize;
 
 use crate::auto::Decision;
+use crate::device::DeviceArg;
 use crate::fetch::default_cache_dir;
+use crate::kernel_cache::{KernelCache, KernelCacheReport};
 use crate::qwen;
 
 use super::placement_args::PlacementArgs;
@@ -87,6 +89,10 @@ pub struct GenerateArgs {
     /// Cache directory for downloads and converted stores.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Keep compiled GPU kernels in this directory for later processes, and read what earlier
+    /// ones kept (`vulkan` builds; CubeCL's compilation store). Off unless given.
+    #[arg(long)]
+    pub kernel_cache: Option<PathBuf>,
     /// Device and weight placement.
     #[command(flatten)]
     pub place: PlacementArgs,
@@ -130,6 +136,8 @@ struct Summary {
     cpu_tier: &'static str,
     /// Why the device step did not take the model, where it was asked for and refused.
     device_step_refused: Option<String>,
+    /// GPU kernels compiled by this process and read from the kernel cache (`vulkan` builds).
+    kernel_cache: Option<KernelCacheReport>,
     /// Kernel launches per token of the device step.
     launches_per_token: Option<usize>,
     /// The host's mean time to enqueue one token's step, in microseconds.
@@ -274,6 +282,11 @@ pub fn default_store_dtype(device: &burn::tensor::Device) -> Option<qwen::StoreD
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    // Before any GPU runtime starts, which reads CubeCL's configuration once.
+    let kernels = match &args.kernel_cache {
+        Some(dir) if args.place.device != DeviceArg::Cpu => KernelCache::enable(dir),
+        _ => None,
+    };
     // Not started yet: a GPU runtime starts at its first use or at `decode_device`.
     let device = args.place.device.device();
     let dtype = match &args.dtype {
@@ -423,6 +436,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         decode_path: path.name,
         cpu_tier: burn_mapped::host::cpu_tier().name(),
         device_step_refused,
+        kernel_cache: kernels.map(KernelCache::finish),
         launches_per_token: path.launches_per_token,
         host_us_per_token: path.host_us_per_token,
         device_us_per_token: path.device_us_per_token,
@@ -447,6 +461,14 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             summary.rss_anon_bytes >> 20,
             summary.rss_file_bytes >> 20
         );
+        if let Some(k) = &summary.kernel_cache {
+            tell!(
+                "[kernels: {} compiled, {} from the cache in {}]",
+                k.compiled,
+                k.loaded,
+                k.dir.display()
+            );
+        }
     }
     Ok(())
 }
