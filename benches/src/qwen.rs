@@ -7,11 +7,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_mapped::MappedRecorder;
-use burn_mapped_models::qwen2::{KvCache, Qwen2Config, Qwen2ForCausalLM, WeightKind, argmax};
+use burn_mapped::format::{CastTo, TensorFormat, WeightFormat};
+use burn_mapped_models::qwen2::{KvCache, Qwen2Config, Qwen2ForCausalLM, argmax};
 use burn_mapped_models::tokenizer::{Qwen2Tokenizer, chat_prompt};
-use burn_mapped_tools::qwen::{self as tq, ModelPaths, StoreDType};
+use burn_mapped_tools::qwen::{self as tq, ModelPaths};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -62,10 +63,11 @@ impl QwenModel {
         }
     }
 
-    fn store_dtype(self) -> StoreDType {
+    /// The weight format of the store the arms load (Burn's own formats hold these two).
+    pub fn format(self) -> WeightFormat {
         match self {
-            QwenModel::F32 => StoreDType::Float(DType::F32),
-            QwenModel::Q8 => StoreDType::Q8,
+            QwenModel::F32 => WeightFormat::Float(CastTo::F32),
+            QwenModel::Q8 => WeightFormat::Q8,
         }
     }
 }
@@ -95,18 +97,13 @@ pub struct QwenSetup {
 /// Fetches and converts the checkpoint on first use (as `burn-mapped generate` does), then
 /// writes the same weights as burnpack and safetensors into `bench_dir` once.
 pub fn prepare(cache_dir: &Path, bench_dir: &Path, model: QwenModel) -> Result<QwenSetup> {
-    let paths = tq::resolve(
-        tq::QWEN25_CODER_05B,
-        Some(model.store_dtype()),
-        cache_dir,
-        None,
-    )
-    .with_context(|| {
-        format!(
-            "fetching or converting Qwen2.5-Coder-0.5B ({})",
-            model.tag()
-        )
-    })?;
+    let paths = tq::resolve(tq::QWEN25_CODER_05B, Some(model.format()), cache_dir, None)
+        .with_context(|| {
+            format!(
+                "fetching or converting Qwen2.5-Coder-0.5B ({})",
+                model.tag()
+            )
+        })?;
     let dir = bench_dir.join(format!("qwen2.5-coder-0.5b-{}", model.tag()));
     std::fs::create_dir_all(&dir)?;
     let store_dir = paths.weights_path().to_path_buf();
@@ -176,9 +173,9 @@ fn init(config: &Qwen2Config, layout: Option<&Path>, device: &Device) -> Result<
     };
     Ok(config.try_init_with(device, |p| {
         if q8.contains(p) {
-            WeightKind::Q8
+            TensorFormat::Q8
         } else {
-            WeightKind::Float
+            TensorFormat::Float
         }
     })?)
 }

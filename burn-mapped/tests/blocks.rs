@@ -6,10 +6,12 @@ use std::path::Path;
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_mapped::blocks::{BlockError, BlockWeight, block_linear};
+use burn_mapped::convert::ConvertOptions;
+use burn_mapped::format::WeightFormat;
 use burn_mapped::gguf::{
-    GgmlType, GgufConvert, GgufConvertError, GgufFile, MappedGguf, dequantize_to_vec, gguf_to_store,
+    GgmlType, GgufConvertError, GgufFile, MappedGguf, dequantize_to_vec, gguf_to_store,
 };
-use burn_mapped::{Existing, Manifest, MappedStore, StoreError};
+use burn_mapped::{Manifest, MappedStore, StoreError};
 use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
 
@@ -17,19 +19,10 @@ const TINY_GGUF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ggu
 
 fn convert(gguf: &Path, out: &Path) -> Result<Manifest, Box<GgufConvertError>> {
     let gguf = MappedGguf::open(gguf).unwrap();
-    let rename = |name: &str| Some(name.to_string());
-    let all = |_: &str, shape: &[usize]| shape.len() == 2;
     gguf_to_store(
         &gguf,
         out,
-        GgufConvert {
-            rename: &rename,
-            dtype: DType::F32,
-            q8: None,
-            blocks: Some(&all),
-            progress: None,
-            existing: Existing::Replace,
-        },
+        ConvertOptions::default().format(WeightFormat::Blocks, |_, _| true),
     )
     .map_err(Box::new)
 }

@@ -491,14 +491,15 @@ fn a_file_truncated_under_its_mapping_ends_the_process_naming_the_file() {
 /// after the first tensor, as another program could.
 #[test]
 fn a_source_truncated_during_conversion_ends_the_process_and_leaves_nothing() {
-    use burn_mapped::gguf::{GgufConvert, MappedGguf, gguf_to_store};
+    use burn_mapped::convert::ConvertOptions;
+    use burn_mapped::gguf::{MappedGguf, gguf_to_store};
     use burn_mapped_tests::gguf::{Builder, F32};
     const CHILD: &str = "BURN_MAPPED_SOURCE_SIGBUS_CHILD";
     if let Ok(dir) = std::env::var(CHILD) {
         let dir = PathBuf::from(dir);
         let source = dir.join("model.gguf");
         let gguf = MappedGguf::open(&source).unwrap();
-        let mut progress = |_: u64, _: u64, _: &str| {
+        let progress = |_: &burn_mapped::convert::Progress<'_>| {
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(&source)
@@ -509,14 +510,9 @@ fn a_source_truncated_during_conversion_ends_the_process_and_leaves_nothing() {
         let result = gguf_to_store(
             &gguf,
             &dir.join("store"),
-            GgufConvert {
-                rename: &|name: &str| Some(name.to_string()),
-                dtype: DType::F32,
-                q8: None,
-                blocks: None,
-                progress: Some(&mut progress),
-                existing: Existing::Refuse,
-            },
+            ConvertOptions::default()
+                .progress(progress)
+                .existing(Existing::Refuse),
         );
         panic!("converted a truncated source without a fault: {result:?}");
     }

@@ -9,10 +9,8 @@ mod q8_common;
 use std::path::Path;
 
 use burn::tensor::DType;
-use burn_mapped::convert::{
-    CastTo, ConvertError, ConvertOptions, Q8SelectFn, from_burnpack, from_safetensors,
-};
-use burn_mapped::gguf::{GgufConvert, GgufConvertError, MappedGguf, gguf_to_store};
+use burn_mapped::convert::{CastTo, ConvertError, ConvertOptions, from_burnpack, from_safetensors};
+use burn_mapped::gguf::{GgufConvertError, MappedGguf, gguf_to_store};
 use burn_mapped::q8::{Q8Error, is_projection_weight, scale_name};
 use burn_mapped::{Manifest, MappedStore, StoreError, manifest::Q8_ROW_F16};
 use burn_mapped_tests::json::{u32s, usizes};
@@ -171,7 +169,7 @@ fn raw(rng: &mut Rng, name: &str, dtype: Dtype, shape: &[usize]) -> Raw {
     )
 }
 
-fn q8_options() -> ConvertOptions {
+fn q8_options() -> ConvertOptions<'static> {
     ConvertOptions::default()
         .cast(CastTo::F32)
         .q8(is_projection_weight)
@@ -436,21 +434,10 @@ fn tiny_tensors() -> Vec<(String, [usize; 2], Vec<f64>)> {
 fn convert_tiny(
     out: &Path,
     rename: &dyn Fn(&str) -> Option<String>,
-    q8: &Q8SelectFn,
+    q8: &dyn Fn(&str, &[usize]) -> bool,
 ) -> Result<Manifest, GgufConvertError> {
     let gguf = MappedGguf::open(TINY_GGUF).unwrap();
-    gguf_to_store(
-        &gguf,
-        out,
-        GgufConvert {
-            rename,
-            dtype: DType::F32,
-            q8: Some(q8),
-            blocks: None,
-            progress: None,
-            existing: burn_mapped::Existing::Replace,
-        },
-    )
+    gguf_to_store(&gguf, out, ConvertOptions::default().rename(rename).q8(q8))
 }
 
 /// tiny.gguf's own names.

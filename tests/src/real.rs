@@ -5,10 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_mapped::format::WeightFormat;
 use burn_mapped_models::qwen2::Qwen2ForCausalLM;
 use burn_mapped_models::tokenizer::chat_prompt;
 use burn_mapped_tools::fetch::{QWEN25_CODER_05B, default_cache_dir};
-use burn_mapped_tools::qwen::{self, ModelPaths, StoreDType};
+use burn_mapped_tools::qwen::{self, ModelPaths};
 use serde_json::Value;
 
 use crate::json::{f64s, u32s, usizes};
@@ -166,7 +167,7 @@ pub fn real_first_logits_prompt0() -> Vec<f32> {
 
 /// The weights of the GGUF at `gguf` as `dtype` (`None`: the GGUF read in place), resolved as
 /// the CLI resolves them: a store in the fetch cache, converted on first use.
-pub fn resolve(gguf: &Path, dtype: Option<StoreDType>) -> ModelPaths {
+pub fn resolve(gguf: &Path, dtype: Option<WeightFormat>) -> ModelPaths {
     qwen::resolve(gguf.to_str().unwrap(), dtype, &default_cache_dir(), None)
         .unwrap_or_else(|e| panic!("resolving {} as {dtype:?}: {e}", gguf.display()))
 }

@@ -6,13 +6,12 @@
 use std::path::Path;
 
 use burn_mapped::Manifest;
+use burn_mapped::format::WeightFormat;
 use burn_mapped_tests::numeric::{f16_value, f32_le_bytes};
 use burn_mapped_tests::synthetic::{RawTensor, XorShift, write_safetensors};
 use burn_mapped_tests::tempdir;
 use burn_mapped_tools::cli::convert::{self, ConvertArgs};
-use burn_mapped_tools::cli::generate::parse_store_dtype;
 use burn_mapped_tools::cli::inspect;
-use burn_mapped_tools::qwen::StoreDType;
 use safetensors::Dtype;
 
 /// Deterministic values of varied sign and magnitude, never zero.
@@ -89,7 +88,7 @@ fn convert_q8_then_inspect_reports_each_error_and_the_worst_and_mean() {
     convert::run(&ConvertArgs {
         input: input.clone(),
         out: out.clone(),
-        dtype: Some(StoreDType::Q8),
+        dtype: Some(WeightFormat::Q8),
         quiet: true,
         force: false,
     })
@@ -169,16 +168,4 @@ fn a_float_store_reports_no_quantization() {
     let report = inspect::report(&out).unwrap();
     assert!(report.quant_error.is_none());
     assert!(!inspect::render_table(&report).contains("q8:"));
-}
-
-#[test]
-fn store_dtypes_parse_and_name_their_cache_directories() {
-    assert_eq!(parse_store_dtype("q8").unwrap(), StoreDType::Q8);
-    assert_eq!(
-        parse_store_dtype("bf16").unwrap(),
-        StoreDType::Float(burn::tensor::DType::BF16)
-    );
-    assert!(parse_store_dtype("int4").is_err());
-    assert_eq!(StoreDType::Q8.tag(), "q8");
-    assert_eq!(StoreDType::Float(burn::tensor::DType::F32).tag(), "f32");
 }

@@ -5,12 +5,13 @@
 //! Needs the GGUF (`burn-mapped fetch qwen2.5-coder-0.5b`). Without it the test says so and
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
-use burn::tensor::{DType, Device};
+use burn::tensor::Device;
+use burn_mapped::format::{CastTo, WeightFormat};
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_tests::real::{
     COMPARED_TOKENS, first_logits, real_first_logits_prompt0, real_reference, resolve,
 };
-use burn_mapped_tools::qwen::{self, StoreDType};
+use burn_mapped_tools::qwen;
 
 #[test]
 fn greedy_tokens_and_first_logits_match_the_float64_reference() {
@@ -18,7 +19,7 @@ fn greedy_tokens_and_first_logits_match_the_float64_reference() {
         return;
     };
     let reference = real_reference();
-    let paths = resolve(&gguf, Some(StoreDType::Float(DType::F32)));
+    let paths = resolve(&gguf, Some(WeightFormat::Float(CastTo::F32)));
     let before = burn_mapped::MappedStore::open(paths.weights_path())
         .unwrap()
         .verify();

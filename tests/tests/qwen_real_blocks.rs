@@ -13,6 +13,7 @@
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
 use burn::tensor::Device;
+use burn_mapped::format::WeightFormat;
 use burn_mapped::gguf::{GgmlType, GgufFile};
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax, hf_name};
 use burn_mapped_tests::flex::flex_storage;
@@ -20,7 +21,7 @@ use burn_mapped_tests::maps::{inside_a_mapping, store_mappings};
 use burn_mapped_tests::real::{
     COMPARED_TOKENS, first_logits, real_long_reference, real_reference, resolve,
 };
-use burn_mapped_tools::qwen::{self, StoreDType};
+use burn_mapped_tools::qwen;
 
 /// Largest first-position logit error allowed, `max |blocks - ref| / max |ref|` over the
 /// reference's largest logits. Measured on the four prompts: 0.9e-2 to 1.6e-2, all of it the
@@ -42,7 +43,7 @@ fn a_block_store_decodes_the_reference_tokens_from_the_checkpoints_own_bytes() {
         return;
     };
     let reference = real_reference();
-    let paths = resolve(&gguf, Some(StoreDType::Blocks));
+    let paths = resolve(&gguf, Some(WeightFormat::Blocks));
     let name = paths.weights_path().file_name().unwrap().to_string_lossy();
     assert!(
         name.starts_with("qwen2.5-coder-0.5b-instruct-q4_k_m-") && name.ends_with("-blocks"),

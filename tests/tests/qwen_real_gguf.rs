@@ -11,13 +11,14 @@
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
 use burn::tensor::Device;
+use burn_mapped::format::WeightFormat;
 use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax};
 use burn_mapped_models::tokenizer::Qwen2Tokenizer;
 use burn_mapped_tests::flex::flex_storage;
 use burn_mapped_tests::maps::{inside_a_mapping, mapped_ranges};
 use burn_mapped_tests::real::{COMPARED_TOKENS, first_logits, real_reference, resolve};
-use burn_mapped_tools::qwen::{StoreDType, WeightsPath};
+use burn_mapped_tools::qwen::WeightsPath;
 
 /// The `blocks` store test's bound on the first-position logit error against the reference.
 const LOGIT_BOUND: f64 = 2e-2;
@@ -32,7 +33,7 @@ fn the_gguf_read_in_place_decodes_as_the_blocks_store_does_from_its_own_pages() 
     assert!(
         matches!(&in_place.weights, WeightsPath::Gguf(p) if *p == gguf.canonicalize().unwrap())
     );
-    let blocks = resolve(&gguf, Some(StoreDType::Blocks));
+    let blocks = resolve(&gguf, Some(WeightFormat::Blocks));
     let device = Device::flex();
 
     let anon_before = rss_self().unwrap().anon;

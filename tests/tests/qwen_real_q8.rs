@@ -16,9 +16,10 @@
 use std::time::Instant;
 
 use burn::tensor::{DType, Device};
+use burn_mapped::format::{CastTo, WeightFormat};
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_tests::real::{first_logits, real_first_logits_prompt0, real_reference, resolve};
-use burn_mapped_tools::qwen::{self, StoreDType};
+use burn_mapped_tools::qwen;
 
 /// Greedy tokens decoded per prompt.
 const NEW_TOKENS: usize = 64;
@@ -38,8 +39,8 @@ fn a_q8_store_decodes_close_to_the_f32_store_and_the_float64_reference() {
         return;
     };
     let start = Instant::now();
-    let q8_paths = resolve(&gguf, Some(StoreDType::Q8));
-    let f32_paths = resolve(&gguf, Some(StoreDType::Float(DType::F32)));
+    let q8_paths = resolve(&gguf, Some(WeightFormat::Q8));
+    let f32_paths = resolve(&gguf, Some(WeightFormat::Float(CastTo::F32)));
     eprintln!("stores ready in {:.1} s", start.elapsed().as_secs_f64());
     let name = q8_paths
         .weights_path()

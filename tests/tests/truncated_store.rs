@@ -7,8 +7,9 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use burn_mapped::format::WeightFormat;
 use burn_mapped_tools::fetch::default_cache_dir;
-use burn_mapped_tools::qwen::{self, StoreDType};
+use burn_mapped_tools::qwen;
 
 /// The CLI binary, built beside this test by `cargo test --workspace`.
 fn cli() -> PathBuf {
@@ -23,7 +24,8 @@ fn generate_ends_naming_the_file_when_a_mapped_tensor_file_is_truncated() {
     };
     assert!(cli().is_file(), "{} not built", cli().display());
     let cache = default_cache_dir();
-    let paths = qwen::resolve(gguf.to_str().unwrap(), Some(StoreDType::Q8), &cache, None).unwrap();
+    let paths =
+        qwen::resolve(gguf.to_str().unwrap(), Some(WeightFormat::Q8), &cache, None).unwrap();
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let store = tmp.path().join("store");
     std::fs::create_dir(&store).unwrap();

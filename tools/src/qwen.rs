@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::DType;
+use burn_mapped::convert::{ConvertOptions, Progress};
+use burn_mapped::format::WeightFormat;
 use burn_mapped::gguf::{
-    GgufConvert, GgufConvertError, GgufError, MappedGguf, SourceError, SourceRecord, SourceState,
-    gguf_to_store,
+    GgufConvertError, GgufError, MappedGguf, SourceError, SourceRecord, SourceState, gguf_to_store,
 };
 use burn_mapped::q8::is_projection_weight;
 use burn_mapped::{Existing, OpenOptions, StoreError, manifest::MANIFEST_FILE};
@@ -93,8 +93,8 @@ impl From<StoreError> for QwenError {
     }
 }
 
-/// Conversion progress: (bytes written, total bytes, tensor name).
-pub type ConvertProgress<'a> = dyn FnMut(u64, u64, &str) + 'a;
+/// Conversion progress, as the converters report it.
+pub type ConvertProgress<'a> = dyn FnMut(&Progress<'_>) + 'a;
 
 /// Where a model's files are.
 #[derive(Debug, Clone)]
@@ -131,82 +131,10 @@ impl ModelPaths {
     }
 }
 
-/// What a converted store holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreDType {
-    /// Every tensor in one float type (f32, f16 or bf16).
-    Float(DType),
-    /// The projections and LM head as q8 matrices
-    /// ([`is_projection_weight`]), everything else
-    /// (embedding, norms, biases) f32.
-    Q8,
-    /// The projections and LM head keep the GGUF's quantized blocks byte for byte
-    /// ([`burn_mapped::blocks`]), everything else f32 (the embedding is a row lookup: its
-    /// dequantized rows are exact in f32). Runs on the CPU.
-    Blocks,
-}
-
-impl StoreDType {
-    /// The name used on the command line and in store directory names (`f32`, `q8`).
-    pub fn tag(self) -> &'static str {
-        match self {
-            Self::Float(dtype) => burn_mapped::manifest::dtype_name(dtype).unwrap_or("f32"),
-            Self::Q8 => "q8",
-            Self::Blocks => "blocks",
-        }
-    }
-
-    /// The float type of the tensors that are not quantized.
-    pub fn float(self) -> DType {
-        match self {
-            Self::Float(dtype) => dtype,
-            Self::Q8 | Self::Blocks => DType::F32,
-        }
-    }
-}
-
-impl From<DType> for StoreDType {
-    fn from(dtype: DType) -> Self {
-        Self::Float(dtype)
-    }
-}
-
-impl From<burn_mapped::convert::CastTo> for StoreDType {
-    fn from(cast: burn_mapped::convert::CastTo) -> Self {
-        Self::Float(cast.dtype())
-    }
-}
-
-impl std::fmt::Display for StoreDType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.tag())
-    }
-}
-
-/// A name that is not one of `blocks`, `f32`, `f16`, `bf16`, `q8`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported store dtype `{0}` (blocks, f32, f16, bf16, q8)")]
-pub struct ParseStoreDTypeError(pub String);
-
-impl std::str::FromStr for StoreDType {
-    type Err = ParseStoreDTypeError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "q8" => Ok(Self::Q8),
-            "blocks" => Ok(Self::Blocks),
-            other => other
-                .parse::<burn_mapped::convert::CastTo>()
-                .map(|c| Self::Float(c.dtype()))
-                .map_err(|_| ParseStoreDTypeError(s.to_string())),
-        }
-    }
-}
-
 /// Resolves `spec` (a known model name, a `.gguf` file, or a store directory) to the weights
-/// to load. A GGUF (the known name's after fetching it) is read in place when `dtype` is
+/// to load. A GGUF (the known name's after fetching it) is read in place when `format` is
 /// `None`; with a store format it is converted on first use into
-/// `<cache>/stores/<gguf stem>-<hash of its path>-<dtype>`. A store directory is used as it
+/// `<cache>/stores/<gguf stem>-<hash of its path>-<format>`. A store directory is used as it
 /// is, once its recorded source GGUF is found unchanged.
 ///
 /// A cached store is used only while the GGUF it was converted from is the same file, or one
@@ -216,7 +144,7 @@ impl std::str::FromStr for StoreDType {
 /// `progress` is called during conversion with (done bytes, total bytes, tensor).
 pub fn resolve<'a>(
     spec: &str,
-    dtype: Option<StoreDType>,
+    format: Option<WeightFormat>,
     cache: &Path,
     progress: Option<&'a mut ConvertProgress<'a>>,
 ) -> Result<ModelPaths, QwenError> {
@@ -248,13 +176,13 @@ pub fn resolve<'a>(
             source,
         },
     })?;
-    let Some(dtype) = dtype else {
+    let Some(format) = format else {
         return Ok(ModelPaths {
             weights: WeightsPath::Gguf(gguf.clone()),
             gguf,
         });
     };
-    let store = cached_store_dir(cache, &gguf, dtype)?;
+    let store = cached_store_dir(cache, &gguf, format)?;
     let current = burn_mapped::Manifest::read(&store)
         .ok()
         .is_some_and(|manifest| {
@@ -262,7 +190,13 @@ pub fn resolve<'a>(
         });
     if !current {
         // The cache's own store: replacing a damaged, older or stale one is its job.
-        convert(&gguf, &store, dtype, Existing::Replace, progress)?;
+        let mut options = ConvertOptions::default()
+            .format(format, is_projection_weight)
+            .existing(Existing::Replace);
+        if let Some(progress) = progress {
+            options = options.progress(progress);
+        }
+        convert(&gguf, &store, options)?;
     }
     Ok(ModelPaths {
         weights: WeightsPath::Store(store),
@@ -270,10 +204,10 @@ pub fn resolve<'a>(
     })
 }
 
-/// The cache's store for `gguf` (an absolute, resolved path) as `dtype`: named by the file's
+/// The cache's store for `gguf` (an absolute, resolved path) as `format`: named by the file's
 /// stem for people and by a hash of its full path so that two files of one name never share
 /// a store.
-fn cached_store_dir(cache: &Path, gguf: &Path, dtype: StoreDType) -> Result<PathBuf, QwenError> {
+fn cached_store_dir(cache: &Path, gguf: &Path, format: WeightFormat) -> Result<PathBuf, QwenError> {
     use std::os::unix::ffi::OsStrExt;
     let stores = cache.join("stores");
     for dir in [cache, stores.as_path()] {
@@ -299,7 +233,7 @@ fn cached_store_dir(cache: &Path, gguf: &Path, dtype: StoreDType) -> Result<Path
         .take(96)
         .collect();
     let key = path_key(gguf.as_os_str().as_bytes());
-    Ok(stores.join(format!("{stem}-{key:08x}-{}", dtype.tag())))
+    Ok(stores.join(format!("{stem}-{key:08x}-{format}")))
 }
 
 /// 32 bits of xxh3-64: enough to tell the few GGUFs of one name a cache sees apart.
@@ -334,41 +268,21 @@ fn checked_source(
     }
 }
 
-/// Converts a GGUF into a store at `store`. Qwen2 tensors take this project's module paths
-/// (the Hugging Face names); other architectures keep GGUF's names. With
-/// [`StoreDType::Q8`] the matrices [`is_projection_weight`] picks are requantized to q8; with
-/// [`StoreDType::Blocks`] they keep their GGUF blocks (those of a type without a block product
-/// are dequantized to f32).
-pub fn convert<'a>(
+/// Converts a GGUF into a store at `store` as `options` say. Qwen2 tensors take this
+/// project's module paths (the Hugging Face names; `options`' own rename is replaced); other
+/// architectures keep GGUF's names.
+pub fn convert(
     gguf: &Path,
     store: &Path,
-    dtype: impl Into<StoreDType>,
-    existing: Existing,
-    progress: Option<&'a mut ConvertProgress<'a>>,
+    options: ConvertOptions<'_>,
 ) -> Result<burn_mapped::Manifest, QwenError> {
-    let dtype = dtype.into();
     let mapped = MappedGguf::open(gguf)?;
-    let is_qwen2 = mapped.gguf().architecture().is_ok_and(|a| a == "qwen2");
-    let rename = |name: &str| {
-        if is_qwen2 {
-            hf_name(name)
-        } else {
-            Some(name.to_string())
-        }
+    let options = if mapped.gguf().architecture().is_ok_and(|a| a == "qwen2") {
+        options.rename(hf_name)
+    } else {
+        options
     };
-    let q8_rule: &dyn Fn(&str, &[usize]) -> bool = &is_projection_weight;
-    Ok(gguf_to_store(
-        &mapped,
-        store,
-        GgufConvert {
-            rename: &rename,
-            dtype: dtype.float(),
-            q8: (dtype == StoreDType::Q8).then_some(q8_rule),
-            blocks: (dtype == StoreDType::Blocks).then_some(q8_rule),
-            progress,
-            existing,
-        },
-    )?)
+    Ok(gguf_to_store(&mapped, store, options)?)
 }
 
 /// The tokenizer of the GGUF `paths` names (for a GGUF loaded in place, pass the header the

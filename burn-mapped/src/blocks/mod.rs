@@ -1,6 +1,6 @@
 //! Products over quantized GGUF blocks kept exactly as the checkpoint holds them.
 //!
-//! A store converted with blocks kept ([`crate::gguf::GgufConvert::blocks`]) holds each
+//! A store converted with blocks kept ([`crate::convert::ConvertOptions::blocks`]) holds each
 //! selected matrix as a `u8` tensor `[out, row_bytes]` with a [`BlockLayout`] in the manifest:
 //! every row is `in / block_size` whole blocks of Q8_0, Q5_0, Q4_K or Q6_K, byte for byte as
 //! in the GGUF. No dequantize/requantize step, so no second rounding, and the bytes a token

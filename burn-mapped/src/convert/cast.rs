@@ -20,60 +20,7 @@
 use burn::tensor::DType;
 use half::{bf16, f16};
 
-/// Float dtypes a converter can cast to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CastTo {
-    /// 32-bit IEEE float.
-    F32,
-    /// 16-bit IEEE float (5 exponent bits).
-    F16,
-    /// bfloat16 (8 exponent bits, 7 fraction bits).
-    BF16,
-}
-
-impl CastTo {
-    /// Burn's dtype for this target.
-    pub fn dtype(self) -> DType {
-        match self {
-            CastTo::F32 => DType::F32,
-            CastTo::F16 => DType::F16,
-            CastTo::BF16 => DType::BF16,
-        }
-    }
-
-    /// The manifest spelling (`f32`, `f16`, `bf16`).
-    pub fn name(self) -> &'static str {
-        match self {
-            CastTo::F32 => "f32",
-            CastTo::F16 => "f16",
-            CastTo::BF16 => "bf16",
-        }
-    }
-}
-
-impl std::fmt::Display for CastTo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The `name` was not one of `f32`, `f16`, `bf16`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a cast target (expected f32, f16 or bf16)")]
-pub struct ParseCastError(pub String);
-
-impl std::str::FromStr for CastTo {
-    type Err = ParseCastError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(CastTo::F32),
-            "f16" | "float16" | "half" => Ok(CastTo::F16),
-            "bf16" | "bfloat16" => Ok(CastTo::BF16),
-            _ => Err(ParseCastError(s.to_string())),
-        }
-    }
-}
+use crate::format::CastTo;
 
 /// Whether values of `dtype` are floats a cast applies to.
 pub(crate) fn is_castable_float(dtype: DType) -> bool {

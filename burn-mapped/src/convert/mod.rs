@@ -48,12 +48,13 @@ use burn::tensor::{BoolStore, DType};
 
 use crate::dtype::dtype_name;
 use crate::error::StoreError;
+use crate::format::WeightFormat;
 use crate::manifest::Manifest;
 use crate::q8::{Q8Builder, Q8Error, scale_name};
 use crate::writer::{Existing, StoreWriter, TensorSpec};
 
+pub use crate::format::{CastTo, ParseCastError};
 pub use burnpack::{BurnpackInput, from_burnpack};
-pub use cast::{CastTo, ParseCastError};
 pub use safetensors::{SafetensorsInput, from_safetensors};
 
 /// Input bytes handled per step: bounds the cast buffer and sets the progress granularity.
@@ -65,13 +66,13 @@ const _: () = assert!(
 );
 
 /// The rename hook: a tensor's input name to its store name, or `None` to drop it.
-pub type RenameFn = dyn Fn(&str) -> Option<String>;
+type RenameFn<'a> = dyn Fn(&str) -> Option<String> + 'a;
+
+/// A quantization predicate: a 2-D tensor's store name and shape to whether it is picked.
+type SelectFn<'a> = dyn Fn(&str, &[usize]) -> bool + 'a;
 
 /// The progress callback.
-pub type ProgressFn = dyn FnMut(&Progress<'_>);
-
-/// The q8 predicate: a 2-D float tensor's store name and shape to whether it becomes q8.
-pub type Q8SelectFn = dyn Fn(&str, &[usize]) -> bool;
+type ProgressFn<'a> = dyn FnMut(&Progress<'_>) + 'a;
 
 /// How far a conversion has got, in input bytes of the tensors being converted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,33 +85,51 @@ pub struct Progress<'a> {
     pub tensor: &'a str,
 }
 
-/// What to do to each tensor on its way into the store. The default keeps every tensor, its
-/// name and dtype, and reports nothing.
+/// What to do to each tensor on its way into the store: one options type for every converter
+/// (safetensors, burnpack, [GGUF](crate::gguf::gguf_to_store)). The default keeps every
+/// tensor, its name and dtype (a GGUF's tensors are dequantized to f32), and reports nothing.
 #[derive(Default)]
-pub struct ConvertOptions {
-    rename: Option<Box<RenameFn>>,
+pub struct ConvertOptions<'a> {
+    rename: Option<Box<RenameFn<'a>>>,
     cast: Option<CastTo>,
-    q8: Option<Box<Q8SelectFn>>,
-    progress: Option<Box<ProgressFn>>,
+    q8: Option<Box<SelectFn<'a>>>,
+    blocks: Option<Box<SelectFn<'a>>>,
+    progress: Option<Box<ProgressFn<'a>>>,
     existing: Existing,
 }
 
-impl std::fmt::Debug for ConvertOptions {
+impl std::fmt::Debug for ConvertOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConvertOptions")
             .field("rename", &self.rename.is_some())
             .field("cast", &self.cast)
             .field("q8", &self.q8.is_some())
+            .field("blocks", &self.blocks.is_some())
             .field("progress", &self.progress.is_some())
             .field("existing", &self.existing)
             .finish()
     }
 }
 
-impl ConvertOptions {
+impl<'a> ConvertOptions<'a> {
+    /// Stores the weights in `format`: the matrices `select(store_name, shape)` picks quantized
+    /// as the format says, every other float tensor as its float type (f32 for q8 and blocks).
+    pub fn format(
+        self,
+        format: WeightFormat,
+        select: impl Fn(&str, &[usize]) -> bool + 'a,
+    ) -> Self {
+        let options = self.cast(format.float());
+        match format {
+            WeightFormat::Float(_) => options,
+            WeightFormat::Q8 => options.q8(select),
+            WeightFormat::Blocks => options.blocks(select),
+        }
+    }
+
     /// Maps each input name to its store name; returning `None` drops the tensor (an
     /// unsupported dtype is not an error for a dropped tensor).
-    pub fn rename(mut self, rename: impl Fn(&str) -> Option<String> + 'static) -> Self {
+    pub fn rename(mut self, rename: impl Fn(&str) -> Option<String> + 'a) -> Self {
         self.rename = Some(Box::new(rename));
         self
     }
@@ -130,14 +149,23 @@ impl ConvertOptions {
 
     /// Stores each 2-D float tensor for which `select(store_name, shape)` holds as a q8 matrix
     /// (see [Quantizing](crate::convert#quantizing)); other tensors follow the other options.
-    pub fn q8(mut self, select: impl Fn(&str, &[usize]) -> bool + 'static) -> Self {
+    pub fn q8(mut self, select: impl Fn(&str, &[usize]) -> bool + 'a) -> Self {
         self.q8 = Some(Box::new(select));
+        self
+    }
+
+    /// Keeps the quantized blocks of each 2-D GGUF tensor `select` picks byte for byte
+    /// ([`crate::blocks`]). Asked before [`q8`](Self::q8): a tensor whose type has no block
+    /// product goes to q8 if that picks it, else to the cast. Only a GGUF has blocks; the
+    /// other converters never ask.
+    pub fn blocks(mut self, select: impl Fn(&str, &[usize]) -> bool + 'a) -> Self {
+        self.blocks = Some(Box::new(select));
         self
     }
 
     /// Called after each chunk of input is written (at most [`CHUNK_BYTES`] apart) and once
     /// per tensor, including empty ones.
-    pub fn progress(mut self, progress: impl FnMut(&Progress<'_>) + 'static) -> Self {
+    pub fn progress(mut self, progress: impl FnMut(&Progress<'_>) + 'a) -> Self {
         self.progress = Some(Box::new(progress));
         self
     }
@@ -145,6 +173,45 @@ impl ConvertOptions {
     /// The cast target, if any.
     pub fn cast_target(&self) -> Option<CastTo> {
         self.cast
+    }
+
+    /// `name`'s store name: the rename hook's answer, or the name itself.
+    pub(crate) fn store_name(&self, name: &str) -> Option<String> {
+        match &self.rename {
+            Some(rename) => rename(name),
+            None => Some(name.to_string()),
+        }
+    }
+
+    /// Whether the q8 predicate picks a 2-D tensor.
+    pub(crate) fn picks_q8(&self, name: &str, shape: &[usize]) -> bool {
+        shape.len() == 2 && self.q8.as_ref().is_some_and(|select| select(name, shape))
+    }
+
+    /// Whether the blocks predicate picks a 2-D tensor.
+    pub(crate) fn picks_blocks(&self, name: &str, shape: &[usize]) -> bool {
+        shape.len() == 2
+            && self
+                .blocks
+                .as_ref()
+                .is_some_and(|select| select(name, shape))
+    }
+
+    /// Whether a q8 or blocks predicate is set (recorded in the store's metadata).
+    pub(crate) fn quantizes(&self) -> (bool, bool) {
+        (self.q8.is_some(), self.blocks.is_some())
+    }
+
+    /// Reports progress, if asked to.
+    pub(crate) fn report(&mut self, progress: &Progress<'_>) {
+        if let Some(report) = self.progress.as_mut() {
+            report(progress);
+        }
+    }
+
+    /// What to do about an existing store.
+    pub(crate) fn existing_policy(&self) -> Existing {
+        self.existing
     }
 }
 
@@ -413,15 +480,9 @@ fn plan<'a>(
     let mut planned: Vec<Planned<'a>> = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     for source in tensors {
-        let out_name = match &options.rename {
-            Some(rename) => match rename(&source.name) {
-                Some(name) => name,
-                None => {
-                    summary.dropped.push(source.name);
-                    continue;
-                }
-            },
-            None => source.name.clone(),
+        let Some(out_name) = options.store_name(&source.name) else {
+            summary.dropped.push(source.name);
+            continue;
         };
         let dtype = match &source.dtype {
             SourceDType::Known(d) if dtype_name(*d).is_some() => match d {
@@ -465,12 +526,7 @@ fn plan<'a>(
                 second_file: source.file.to_path_buf(),
             });
         }
-        let q8 = cast::is_castable_float(dtype)
-            && source.shape.len() == 2
-            && options
-                .q8
-                .as_ref()
-                .is_some_and(|select| select(&out_name, &source.shape));
+        let q8 = cast::is_castable_float(dtype) && options.picks_q8(&out_name, &source.shape);
         let out_dtype = match options.cast {
             _ if q8 => DType::I8,
             Some(target) if cast::is_castable_float(dtype) => target.dtype(),

@@ -13,11 +13,12 @@ use super::format::BlockLayout;
 use super::format::{f16_at, scale_offsets};
 use super::source::{SourceError, SourceRecord};
 use super::{GgufError, MappedGguf, dequantize};
-use crate::convert::Q8SelectFn;
+use crate::convert::{ConvertOptions, Progress};
 use crate::error::StoreError;
+use crate::format::{CastTo, TensorFormat};
 use crate::manifest::{Manifest, Q8_ROW_F16};
 use crate::q8::{Q8Builder, Q8Error, add_q8, scale_name};
-use crate::writer::{Existing, StoreWriter, TensorSpec};
+use crate::writer::{StoreWriter, TensorSpec};
 
 /// Errors converting a GGUF file into a store.
 #[derive(Debug, thiserror::Error)]
@@ -39,12 +40,6 @@ pub enum GgufConvertError {
     /// The source file could not be identified (its path resolved, its metadata read).
     #[error(transparent)]
     Source(#[from] SourceError),
-    /// The requested output dtype is not a float type the converter writes.
-    #[error("cannot convert GGUF tensors to {dtype:?}: choose f32, f16 or bf16")]
-    UnsupportedDType {
-        /// The dtype asked for.
-        dtype: DType,
-    },
     /// A tensor picked for q8 cannot be quantized (a row whose scale exceeds f16, or a
     /// non-finite value after dequantization).
     #[error("GGUF tensor `{tensor}`: cannot quantize to q8: {source}")]
@@ -103,33 +98,11 @@ pub enum GgufConvertError {
     },
 }
 
-/// Progress callback: (bytes written so far, total bytes, tensor name).
-pub type Progress<'p> = dyn FnMut(u64, u64, &str) + 'p;
-
-/// How to convert: the name map (module paths usually differ from GGUF's names; `None` drops a
-/// tensor), the output float dtype, which matrices become q8, and an optional progress
-/// callback.
-pub struct GgufConvert<'r, 'p> {
-    /// GGUF tensor name to store tensor name.
-    pub rename: &'r dyn Fn(&str) -> Option<String>,
-    /// Output dtype of the tensors not quantized: `F32`, `F16` or `BF16`.
-    pub dtype: DType,
-    /// Asked with the store name and row-major shape of each 2-D tensor: whether to store
-    /// it as a q8 matrix ([`is_projection_weight`](crate::q8::is_projection_weight) is the
-    /// CLI's rule). `None` quantizes nothing.
-    pub q8: Option<&'r Q8SelectFn>,
-    /// Asked as `q8` is: whether to keep the tensor's GGUF blocks as they are. Asked first; a
-    /// tensor kept as blocks is not quantized to q8. Only 2-D tensors of a block type with a
-    /// product ([`BlockLayout::new`]) can be kept; any other tensor the predicate picks goes to
-    /// q8 if `q8` picks it, else to the float dtype.
-    pub blocks: Option<&'r Q8SelectFn>,
-    /// Called after each tensor with (bytes written so far, total bytes, tensor name).
-    pub progress: Option<&'p mut Progress<'p>>,
-    /// What to do about an existing store at the target (anything else there is refused).
-    pub existing: Existing,
-}
-
-/// Converts `gguf` into a new store at `dir`.
+/// Converts `gguf` into a new store at `dir`, as `options` say: tensors renamed (a rename
+/// returning `None` drops one), the matrices the blocks predicate picks kept as blocks (only
+/// 2-D tensors of a block type with a product, [`BlockLayout::new`]; any other it picks is
+/// treated as the q8 predicate and the cast say), those the q8 predicate picks requantized to
+/// q8, the rest dequantized to the cast's float type (f32 without one).
 ///
 /// Scalar and string metadata is copied into the manifest under `gguf.<key>` (arrays such as
 /// the vocabulary are not: they stay in the GGUF, which the store names and identifies with a
@@ -137,27 +110,26 @@ pub struct GgufConvert<'r, 'p> {
 pub fn gguf_to_store(
     gguf: &MappedGguf,
     dir: &Path,
-    mut options: GgufConvert<'_, '_>,
+    mut options: ConvertOptions<'_>,
 ) -> Result<Manifest, GgufConvertError> {
-    let elem = match options.dtype {
-        DType::F32 => 4u64,
-        DType::F16 | DType::BF16 => 2,
-        dtype => return Err(GgufConvertError::UnsupportedDType { dtype }),
-    };
+    let dtype = options.cast_target().unwrap_or(CastTo::F32).dtype();
+    let elem = dtype.size() as u64;
     let file = gguf.gguf();
     let mut seen = std::collections::HashMap::new();
     let plan: Vec<_> = file
         .tensors()
         .iter()
         .filter_map(|info| {
-            let name = (options.rename)(info.name())?;
+            let name = options.store_name(info.name())?;
             let shape = info.shape_row_major();
-            let kind = if let Some(layout) = block_layout(info, &name, options.blocks) {
-                Kind::Blocks(layout)
-            } else if shape.len() == 2 && options.q8.is_some_and(|select| select(&name, &shape)) {
-                Kind::Q8
-            } else {
-                Kind::Float
+            let layout = options
+                .picks_blocks(&name, &shape)
+                .then(|| BlockLayout::new(info.ggml_type(), shape[1]).ok())
+                .flatten();
+            let kind = match layout {
+                Some(layout) => TensorFormat::Blocks(layout),
+                None if options.picks_q8(&name, &shape) => TensorFormat::Q8,
+                None => TensorFormat::Float,
             };
             Some((info, name, kind))
         })
@@ -171,7 +143,7 @@ pub fn gguf_to_store(
             });
         }
     }
-    for (info, name, _) in plan.iter().filter(|(_, _, kind)| *kind == Kind::Q8) {
+    for (info, name, _) in plan.iter().filter(|(_, _, kind)| *kind == TensorFormat::Q8) {
         let scale = scale_name(name);
         if let Some(other) = seen.get(&scale) {
             return Err(GgufConvertError::ScaleNameTaken {
@@ -181,25 +153,26 @@ pub fn gguf_to_store(
             });
         }
     }
-    let stored = |info: &super::TensorInfo, kind: Kind| match kind {
-        Kind::Blocks(_) => info.byte_len(),
-        Kind::Q8 => {
+    let stored = |info: &super::TensorInfo, kind: TensorFormat| match kind {
+        TensorFormat::Blocks(_) => info.byte_len(),
+        TensorFormat::Q8 => {
             let rows = info.shape_row_major()[0] as u64;
             info.n_elements() + rows * 2
         }
-        Kind::Float => info.n_elements() * elem,
+        TensorFormat::Float => info.n_elements() * elem,
     };
     let total: u64 = plan.iter().map(|(info, _, kind)| stored(info, *kind)).sum();
 
     let source = SourceRecord::of(gguf)?;
-    let mut writer = StoreWriter::create_with(dir, options.existing)?;
+    let mut writer = StoreWriter::create_with(dir, options.existing_policy())?;
     for (key, value) in source.to_metadata() {
         writer.metadata(key, value);
     }
-    if options.q8.is_some() {
+    let (q8, blocks) = options.quantizes();
+    if q8 {
         writer.metadata("convert.q8", Q8_ROW_F16);
     }
-    if options.blocks.is_some() {
+    if blocks {
         writer.metadata("convert.blocks", "gguf");
     }
     for (key, value) in file.metadata() {
@@ -211,16 +184,18 @@ pub fn gguf_to_store(
     let mut values = Vec::new();
     for (info, name, kind) in plan {
         let bytes = gguf.tensor_data(info)?;
-        if let Kind::Blocks(layout) = kind {
+        if let TensorFormat::Blocks(layout) = kind {
             check_blocks(info.name(), layout, bytes)?;
             let rows = bytes.len() / layout.row_bytes();
             let spec =
                 TensorSpec::new(name.clone(), DType::U8, [rows, layout.row_bytes()]).blocks(layout);
             writer.add_with(spec, |sink| sink.write_all(bytes))?;
             done += stored(info, kind);
-            if let Some(progress) = options.progress.as_mut() {
-                progress(done, total, &name);
-            }
+            options.report(&Progress {
+                done_bytes: done,
+                total_bytes: total,
+                tensor: &name,
+            });
             continue;
         }
         values.resize(info.n_elements() as usize, 0.0f32);
@@ -231,7 +206,7 @@ pub fn gguf_to_store(
             }
         })?;
         let shape = info.shape_row_major();
-        if kind == Kind::Q8 {
+        if kind == TensorFormat::Q8 {
             write_q8(
                 &mut writer,
                 info.name(),
@@ -240,7 +215,6 @@ pub fn gguf_to_store(
                 [shape[0], shape[1]],
             )?;
         } else {
-            let dtype = options.dtype;
             if let Some(index) = first_unrepresentable(&values, dtype) {
                 return Err(GgufConvertError::Unrepresentable {
                     tensor: info.name().to_string(),
@@ -253,35 +227,13 @@ pub fn gguf_to_store(
             writer.add_with(spec, |sink| write_as(&values, dtype, sink))?;
         }
         done += stored(info, kind);
-        if let Some(progress) = options.progress.as_mut() {
-            progress(done, total, &name);
-        }
+        options.report(&Progress {
+            done_bytes: done,
+            total_bytes: total,
+            tensor: &name,
+        });
     }
     Ok(writer.finish()?)
-}
-
-/// How one tensor is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// Its GGUF blocks, as they are.
-    Blocks(BlockLayout),
-    /// Requantized to q8.
-    Q8,
-    /// Dequantized to the float dtype.
-    Float,
-}
-
-/// The layout to keep `info`'s blocks in, when `select` picks it and its type has a product.
-fn block_layout(
-    info: &super::TensorInfo,
-    name: &str,
-    select: Option<&Q8SelectFn>,
-) -> Option<BlockLayout> {
-    let shape = info.shape_row_major();
-    if shape.len() != 2 || !select.is_some_and(|select| select(name, &shape)) {
-        return None;
-    }
-    BlockLayout::new(info.ggml_type(), shape[1]).ok()
 }
 
 /// Every block's f16 scale fields are finite: a NaN or infinite scale is refused here, at

@@ -42,7 +42,7 @@ pub(crate) mod format;
 mod mapped;
 mod source;
 
-pub use convert::{GgufConvert, GgufConvertError, gguf_to_store};
+pub use convert::{GgufConvertError, gguf_to_store};
 pub use format::{
     Array, BlockLayout, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_LEN, MAX_DIMS,
     MAX_KEY_LEN, MAX_METADATA_ENTRIES, MAX_STRING_LEN, MAX_TENSOR_NAME_LEN, MAX_TENSORS,

@@ -25,7 +25,7 @@ pub use device_step::{DeviceBytes, DeviceDecoder, DeviceStepError, DeviceStepRef
 pub use generate::GenerateError;
 pub use gguf_names::{config_from_gguf, config_from_manifest, hf_name};
 pub use model::{
-    Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm, WeightKind,
+    Attention, DecoderLayer, ForwardError, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
 };
 pub use projection::{BlockLinear, Projection, Q8Linear};
 pub use sampling::{Sampler, Sampling, SamplingError, argmax};

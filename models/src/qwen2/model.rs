@@ -10,6 +10,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, LinearConfig, LinearLayout};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_mapped::format::TensorFormat;
 
 use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
@@ -79,17 +80,6 @@ pub struct RmsNorm {
     eps: f64,
 }
 
-/// How a projection's weight is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightKind {
-    /// A float matrix.
-    Float,
-    /// A q8 matrix with per-row scales.
-    Q8,
-    /// GGUF blocks, as the checkpoint holds them.
-    Blocks(burn_mapped::gguf::BlockLayout),
-}
-
 /// Why a forward pass was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ForwardError {
@@ -134,7 +124,7 @@ impl Qwen2Config {
 
     /// Build the model after validating the config; every projection is float.
     pub fn try_init(&self, device: &Device) -> Result<Qwen2ForCausalLM, ConfigError> {
-        self.try_init_with(device, |_| WeightKind::Float)
+        self.try_init_with(device, |_| TensorFormat::Float)
     }
 
     /// Build the model with each projection as its store holds it: a [`Q8Linear`] when the
@@ -147,19 +137,9 @@ impl Qwen2Config {
         manifest: &burn_mapped::Manifest,
     ) -> Result<Qwen2ForCausalLM, ConfigError> {
         self.try_init_with(device, |path| {
-            let Some(entry) = manifest.get(&format!("{path}.weight")) else {
-                return WeightKind::Float;
-            };
-            if let Some(layout) = entry.blocks() {
-                WeightKind::Blocks(layout)
-            } else if entry
-                .quant()
-                .is_some_and(|link| link.scheme == burn_mapped::manifest::Q8_ROW_F16)
-            {
-                WeightKind::Q8
-            } else {
-                WeightKind::Float
-            }
+            manifest
+                .get(&format!("{path}.weight"))
+                .map_or(TensorFormat::Float, TensorFormat::of)
         })
     }
 
@@ -169,15 +149,15 @@ impl Qwen2Config {
     pub fn try_init_with(
         &self,
         device: &Device,
-        kind: impl Fn(&str) -> WeightKind,
+        kind: impl Fn(&str) -> TensorFormat,
     ) -> Result<Qwen2ForCausalLM, ConfigError> {
         self.validate()?;
         let linear = |path: String, d_in: usize, d_out: usize, bias: bool| match kind(&path) {
-            WeightKind::Q8 => Projection::Q8(Q8Linear::new_lazy(d_in, d_out, bias, device)),
-            WeightKind::Blocks(layout) => {
+            TensorFormat::Q8 => Projection::Q8(Q8Linear::new_lazy(d_in, d_out, bias, device)),
+            TensorFormat::Blocks(layout) => {
                 Projection::Blocks(BlockLinear::new_lazy(layout, d_out, bias, device))
             }
-            WeightKind::Float => Projection::Float(
+            TensorFormat::Float => Projection::Float(
                 LinearConfig::new(d_in, d_out)
                     .with_bias(bias)
                     .with_layout(LinearLayout::Col)

@@ -3,15 +3,15 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, anyhow, bail};
-use burn_mapped::convert::{CastTo, ConvertOptions, ConvertSummary, Progress};
+use anyhow::{Context, bail};
+use burn_mapped::convert::{ConvertOptions, ConvertSummary, Progress};
+use burn_mapped::format::WeightFormat;
 use burn_mapped::q8::is_projection_weight;
 use burn_mapped::{Existing, Manifest};
 use indicatif::HumanBytes;
 
 use super::inspect::{quant_error_line, quant_error_summary};
 use super::progress::bytes_bar;
-use crate::qwen::StoreDType;
 
 /// Convert a checkpoint into a burn-mapped store.
 #[derive(Clone, Debug, clap::Args)]
@@ -33,7 +33,7 @@ pub struct ConvertArgs {
     /// `burn_mapped::q8::is_projection_weight`. `blocks` (GGUF only): the same matrices keep
     /// the GGUF's quantized blocks byte for byte, the rest f32.
     #[arg(long)]
-    pub dtype: Option<StoreDType>,
+    pub dtype: Option<WeightFormat>,
     /// Draw no progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -127,21 +127,11 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
                 progress_bar.set_position(p.done_bytes);
                 progress_bar.set_message(crate::text::printable(p.tensor).into_owned());
             });
-    match args.dtype {
-        Some(StoreDType::Q8) => {
-            options = options.cast(CastTo::F32).q8(is_projection_weight);
-        }
-        Some(StoreDType::Blocks) if kind != InputKind::Gguf => {
+    if let Some(format) = args.dtype {
+        if format == WeightFormat::Blocks && kind != InputKind::Gguf {
             bail!("--dtype blocks keeps a GGUF's quantized blocks; the input is not a GGUF")
         }
-        Some(StoreDType::Blocks) => {}
-        Some(StoreDType::Float(dtype)) => {
-            let target = burn_mapped::manifest::dtype_name(dtype)
-                .and_then(|name| name.parse::<CastTo>().ok())
-                .ok_or_else(|| anyhow!("cannot store floats as {dtype:?}"))?;
-            options = options.cast(target);
-        }
-        None => {}
+        options = options.format(format, is_projection_weight);
     }
     let result = match kind {
         InputKind::Safetensors => {
@@ -151,18 +141,8 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             burn_mapped::convert::from_burnpack(&args.input, &args.out, &mut options)
         }
         InputKind::Gguf => {
-            let dtype = args
-                .dtype
-                .unwrap_or(StoreDType::Float(burn::tensor::DType::F32));
-            let gguf_bar = bar.clone();
-            let mut progress = move |done: u64, total: u64, tensor: &str| {
-                gguf_bar.set_length(total);
-                gguf_bar.set_position(done);
-                gguf_bar.set_message(crate::text::printable(tensor).into_owned());
-            };
-            let manifest =
-                crate::qwen::convert(&args.input, &args.out, dtype, existing, Some(&mut progress))
-                    .with_context(|| format!("converting {}", args.input.display()))?;
+            let manifest = crate::qwen::convert(&args.input, &args.out, options)
+                .with_context(|| format!("converting {}", args.input.display()))?;
             bar.finish_and_clear();
             let on_disk = manifest.padded_bytes();
             say!(
@@ -171,7 +151,7 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
                 args.out.display(),
                 HumanBytes(manifest.total_bytes()),
                 HumanBytes(on_disk),
-                if dtype == StoreDType::Blocks {
+                if args.dtype == Some(WeightFormat::Blocks) {
                     "projections as GGUF blocks, the rest dequantized"
                 } else {
                     "dequantized from GGUF"

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
+use burn_mapped::convert::Progress;
+use burn_mapped::format::WeightFormat;
 use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::load::load;
 use burn_mapped_models::qwen2::{Sampler, Sampling, SamplingError};
@@ -72,9 +74,10 @@ pub struct GenerateArgs {
     /// Store dtype when converting: blocks (the projections and LM head keep the GGUF's
     /// quantized blocks; CPU only), q8 (int8 projections and LM head with a scale per row),
     /// or f32, f16, bf16; norms and embedding are f32 in the quantized stores. The store is
-    /// cached as `stores/<gguf stem>-<dtype>`. Default: blocks on the CPU, q8 elsewhere.
+    /// cached as `stores/<gguf stem>-<dtype>`. Default: the GGUF read in place on the CPU,
+    /// q8 elsewhere.
     #[arg(long)]
-    pub dtype: Option<String>,
+    pub dtype: Option<WeightFormat>,
     /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
     #[arg(long)]
     pub strict: bool,
@@ -267,16 +270,11 @@ pub fn sampler_for(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, S
     })
 }
 
-/// Parses a store dtype name (blocks, f32, f16, bf16, q8).
-pub fn parse_store_dtype(name: &str) -> anyhow::Result<qwen::StoreDType> {
-    Ok(name.parse()?)
-}
-
 /// The store a GGUF is converted to when `--dtype` is not given: none on the CPU, where the
 /// GGUF is read in place (its blocks read by the block products), q8 elsewhere (the device
 /// step's store).
-pub fn default_store_dtype(device: &burn::tensor::Device) -> Option<qwen::StoreDType> {
-    (!burn_mapped::placement::is_flex(device)).then_some(qwen::StoreDType::Q8)
+pub fn default_format(device: &burn::tensor::Device) -> Option<WeightFormat> {
+    (!burn_mapped::placement::is_flex(device)).then_some(WeightFormat::Q8)
 }
 
 /// Runs `generate`.
@@ -289,24 +287,21 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     };
     // Not started yet: a GPU runtime starts at its first use or at `decode_device`.
     let device = args.place.device.device();
-    let dtype = match &args.dtype {
-        Some(name) => Some(parse_store_dtype(name)?),
-        None => default_store_dtype(&device),
-    };
+    let format = args.dtype.or_else(|| default_format(&device));
     // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
     // batches, which let the GPU start while the host is still launching.
-    let device = if dtype == Some(qwen::StoreDType::Q8) && !args.no_device_step {
+    let device = if format == Some(WeightFormat::Q8) && !args.no_device_step {
         args.place.device.decode_device()?
     } else {
         device
     };
     let bar = super::progress::bytes_bar(0, "converting", args.json);
-    let mut progress = |done: u64, total: u64, name: &str| {
-        bar.set_length(total);
-        bar.set_position(done);
-        bar.set_message(crate::text::printable(name).into_owned());
+    let mut progress = |p: &Progress<'_>| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.done_bytes);
+        bar.set_message(crate::text::printable(p.tensor).into_owned());
     };
-    let paths = qwen::resolve(&args.model, dtype, &cache, Some(&mut progress))?;
+    let paths = qwen::resolve(&args.model, format, &cache, Some(&mut progress))?;
     bar.finish_and_clear();
 
     let weights = paths.weights_path();
@@ -580,5 +575,42 @@ impl DeviceRun<'_> {
         } else {
             Stepped::NotAsked
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_mapped::format::CastTo;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: GenerateArgs,
+    }
+
+    #[test]
+    fn dtype_is_parsed_into_a_weight_format_or_refused_by_name() {
+        let format = |value: &str| {
+            Cli::try_parse_from(["generate", "--prompt", "hi", "--dtype", value])
+                .map(|cli| cli.args.dtype)
+        };
+        assert_eq!(format("q8").unwrap(), Some(WeightFormat::Q8));
+        assert_eq!(
+            format("BF16").unwrap(),
+            Some(WeightFormat::Float(CastTo::BF16))
+        );
+        assert_eq!(format("blocks").unwrap(), Some(WeightFormat::Blocks));
+        let refused = format("int4").err().unwrap().to_string();
+        assert!(
+            refused.contains("unknown weight format `int4`"),
+            "{refused}"
+        );
+        let default = Cli::try_parse_from(["generate", "--prompt", "hi"])
+            .unwrap()
+            .args
+            .dtype;
+        assert_eq!(default, None);
     }
 }
