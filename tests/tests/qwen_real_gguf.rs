@@ -40,8 +40,18 @@ fn the_gguf_read_in_place_decodes_as_the_blocks_store_does_from_its_own_pages() 
     let mut loaded = burn_mapped_tests::real::load(&in_place, &device);
     let anon_grown = rss_self().unwrap().anon.saturating_sub(anon_before);
     let file_len = std::fs::metadata(&gguf).unwrap().len();
-    println!("loading in place grew anonymous memory by {anon_grown} bytes ({file_len}-byte file)");
-    assert!(anon_grown * 50 <= file_len, "{anon_grown} bytes");
+    let header_len = loaded.header.as_ref().unwrap().data_offset();
+    println!(
+        "loading in place grew anonymous memory by {anon_grown} bytes \
+         ({file_len}-byte file, {header_len}-byte header)"
+    );
+    // The parsed header (its vocabulary and merges as strings) is the one thing a load in place
+    // builds in memory: at most 4 bytes per header byte, and 1 % of the file beside it. A copy
+    // of the embedding alone (over 100 MB) or of the projections fails this.
+    assert!(
+        anon_grown <= 4 * header_len + file_len / 100,
+        "{anon_grown} bytes"
+    );
     assert!(
         loaded.store.copied().is_empty(),
         "{:?}",
