@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_mapped::format::WeightFormat;
-use burn_mapped_models::qwen2::Qwen2ForCausalLM;
+use burn_mapped_models::qwen2::{KvCache, Qwen2ForCausalLM, argmax};
 use burn_mapped_models::tokenizer::chat_prompt;
 use burn_mapped_tools::fetch::{QWEN25_CODER_05B, default_cache_dir};
 use burn_mapped_tools::qwen::{self, ModelPaths};
@@ -175,11 +175,70 @@ pub fn resolve(gguf: &Path, dtype: Option<WeightFormat>) -> ModelPaths {
 /// The logits after prefilling `prompt` in a fresh cache: what the reference's
 /// `first_logits` hold.
 pub fn first_logits(model: &Qwen2ForCausalLM, prompt: &[u32], device: &Device) -> Vec<f32> {
-    let mut cache = model.new_cache(1, prompt.len() + 1);
-    let input: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-    let tokens = Tensor::<2, Int>::from_data(TensorData::new(input, [1, prompt.len()]), device);
-    let logits = model.forward_last(tokens, &mut cache).unwrap();
+    logits_after(
+        model,
+        prompt,
+        &mut model.new_cache(1, prompt.len() + 1),
+        device,
+    )
+}
+
+/// The last position's logits after feeding `ids` into `cache`.
+fn logits_after(
+    model: &Qwen2ForCausalLM,
+    ids: &[u32],
+    cache: &mut KvCache,
+    device: &Device,
+) -> Vec<f32> {
+    let input: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(input, [1, ids.len()]), device);
+    let logits = model.forward_last(tokens, cache).unwrap();
     logits.into_data().convert::<f32>().try_to_vec().unwrap()
+}
+
+/// A position where the model's top-1, given the reference's own tokens before it, is not
+/// the reference's token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flip {
+    /// Position in the continuation.
+    pub at: usize,
+    /// The model's top-1 there.
+    pub ours: u32,
+    /// The reference's top-1 over top-2 gap there.
+    pub reference_margin: f64,
+    /// The model's own logit of its top-1 minus its logit of the reference's token.
+    pub our_gap: f64,
+}
+
+/// Feeds `prompt` and then the reference's continuation `want` back one token at a time
+/// (teacher forcing), and lists every position where the model's top-1 is not `want`'s.
+/// Each position is judged on its own: an early near-tie does not hide what comes after it,
+/// as it would when the model's own tokens are fed back.
+pub fn teacher_forced_flips(
+    model: &Qwen2ForCausalLM,
+    prompt: &[u32],
+    want: &[u32],
+    margins: &[f64],
+    device: &Device,
+) -> Vec<Flip> {
+    let mut cache = model.new_cache(1, prompt.len() + want.len());
+    let mut logits = logits_after(model, prompt, &mut cache, device);
+    let mut flips = Vec::new();
+    for (at, &token) in want.iter().enumerate() {
+        let ours = argmax(&logits).unwrap();
+        if ours != token {
+            flips.push(Flip {
+                at,
+                ours,
+                reference_margin: margins[at],
+                our_gap: f64::from(logits[ours as usize]) - f64::from(logits[token as usize]),
+            });
+        }
+        if at + 1 < want.len() {
+            logits = logits_after(model, &[token], &mut cache, device);
+        }
+    }
+    flips
 }
 
 /// The model at `paths` loaded on `device` as the CLI loads it, its weights adopted (`map`) in
