@@ -82,7 +82,6 @@ pub mod convert;
 mod dtype;
 mod error;
 mod fault;
-pub mod format;
 mod generation;
 pub mod gguf;
 pub mod host;

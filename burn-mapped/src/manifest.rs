@@ -39,6 +39,17 @@ pub const MAX_STORE_BYTES: u64 = 1 << 46;
 /// scale per output row.
 pub const Q8_ROW_F16: &str = "q8-row-f16";
 
+/// How one stored tensor is held, and so which product reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorFormat {
+    /// Plain elements of the entry's dtype.
+    Float,
+    /// A q8 matrix: int8 values linked to an f16 scale per row.
+    Q8,
+    /// GGUF blocks, as the checkpoint holds them.
+    Blocks(BlockLayout),
+}
+
 /// Links a quantized weight to the tensor holding its scales.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -261,6 +272,22 @@ impl TensorEntry {
     /// Block layout, if this tensor holds quantized GGUF blocks.
     pub fn blocks(&self) -> Option<BlockLayout> {
         self.blocks
+    }
+
+    /// What the tensor holds, and so which product reads it: blocks when it records a block
+    /// layout, q8 when it links a `q8-row-f16` scale, plain elements otherwise.
+    pub fn format(&self) -> TensorFormat {
+        if let Some(layout) = self.blocks {
+            TensorFormat::Blocks(layout)
+        } else if self
+            .quant
+            .as_ref()
+            .is_some_and(|link| link.scheme == Q8_ROW_F16)
+        {
+            TensorFormat::Q8
+        } else {
+            TensorFormat::Float
+        }
     }
     /// Manifest spelling of the dtype.
     pub fn dtype_name(&self) -> &'static str {

@@ -7,7 +7,7 @@ use std::path::Path;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_mapped::blocks::{BlockError, BlockWeight, block_linear};
 use burn_mapped::convert::ConvertOptions;
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped::gguf::{
     GgmlType, GgufConvertError, GgufFile, MappedGguf, dequantize_to_vec, gguf_to_store,
 };

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped_models::qwen2::{KvCache, Qwen2ForCausalLM, argmax};
 use burn_mapped_models::tokenizer::chat_prompt;
 use burn_mapped_tools::fetch::{QWEN25_CODER_05B, default_cache_dir};

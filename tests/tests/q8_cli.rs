@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use burn_mapped::Manifest;
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped_tests::numeric::{f16_value, f32_le_bytes};
 use burn_mapped_tests::synthetic::{RawTensor, XorShift, write_safetensors};
 use burn_mapped_tests::tempdir;

@@ -6,7 +6,7 @@
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
 use burn::tensor::Device;
-use burn_mapped::format::{CastTo, WeightFormat};
+use burn_mapped::convert::{CastTo, WeightFormat};
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_tests::real::{
     COMPARED_TOKENS, first_logits, real_first_logits_prompt0, real_reference, resolve,

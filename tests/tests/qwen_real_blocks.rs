@@ -14,7 +14,7 @@
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
 use burn::tensor::Device;
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped::gguf::{GgmlType, GgufFile};
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax, hf_name};
 use burn_mapped_tests::flex::flex_storage;

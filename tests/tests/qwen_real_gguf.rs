@@ -11,7 +11,7 @@
 //! passes, unless `BURN_MAPPED_REQUIRE_REAL=1` (set by CI), where it fails.
 
 use burn::tensor::Device;
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::{Projection, Sampler, argmax};
 use burn_mapped_models::tokenizer::Qwen2Tokenizer;

@@ -16,7 +16,7 @@
 use std::time::Instant;
 
 use burn::tensor::{DType, Device};
-use burn_mapped::format::{CastTo, WeightFormat};
+use burn_mapped::convert::{CastTo, WeightFormat};
 use burn_mapped_models::qwen2::{Sampler, argmax};
 use burn_mapped_tests::real::{first_logits, real_first_logits_prompt0, real_reference, resolve};
 use burn_mapped_tools::qwen;

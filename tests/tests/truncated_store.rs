@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped_tools::fetch::default_cache_dir;
 use burn_mapped_tools::qwen;
 

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use burn_mapped::convert::WeightFormat;
 use burn_mapped::convert::{ConvertOptions, Progress};
-use burn_mapped::format::WeightFormat;
 use burn_mapped::gguf::{
     GgufConvertError, GgufError, MappedGguf, SourceError, SourceRecord, SourceState, gguf_to_store,
 };

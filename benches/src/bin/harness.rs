@@ -160,8 +160,8 @@ fn main() -> Result<()> {
             let q = rep.qwen.as_ref().context("the results hold no Qwen run")?;
             let paths = burn_mapped_tools::qwen::resolve(
                 &q.store,
-                Some(burn_mapped::format::WeightFormat::Float(
-                    burn_mapped::format::CastTo::F32,
+                Some(burn_mapped::convert::WeightFormat::Float(
+                    burn_mapped::convert::CastTo::F32,
                 )),
                 &burn_mapped_tools::fetch::default_cache_dir(),
                 None,

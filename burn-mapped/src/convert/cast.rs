@@ -20,7 +20,7 @@
 use burn::tensor::DType;
 use half::{bf16, f16};
 
-use crate::format::CastTo;
+use super::format::CastTo;
 
 /// Whether values of `dtype` are floats a cast applies to.
 pub(crate) fn is_castable_float(dtype: DType) -> bool {

@@ -38,6 +38,7 @@
 
 mod burnpack;
 mod cast;
+mod format;
 mod safetensors;
 
 use std::collections::HashMap;
@@ -48,13 +49,12 @@ use burn::tensor::{BoolStore, DType};
 
 use crate::dtype::dtype_name;
 use crate::error::StoreError;
-use crate::format::WeightFormat;
 use crate::manifest::Manifest;
 use crate::q8::{Q8Builder, Q8Error, scale_name};
 use crate::writer::{Existing, StoreWriter, TensorSpec};
 
-pub use crate::format::{CastTo, ParseCastError};
 pub use burnpack::{BurnpackInput, from_burnpack};
+pub use format::{CastTo, ParseCastError, ParseWeightFormatError, WeightFormat};
 pub use safetensors::{SafetensorsInput, from_safetensors};
 
 /// Input bytes handled per step: bounds the cast buffer and sets the progress granularity.

@@ -10,7 +10,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, LinearConfig, LinearLayout};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use burn_mapped::format::TensorFormat;
+use burn_mapped::manifest::TensorFormat;
 
 use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
@@ -139,7 +139,7 @@ impl Qwen2Config {
         self.try_init_with(device, |path| {
             manifest
                 .get(&format!("{path}.weight"))
-                .map_or(TensorFormat::Float, TensorFormat::of)
+                .map_or(TensorFormat::Float, burn_mapped::TensorEntry::format)
         })
     }
 

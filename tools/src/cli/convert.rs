@@ -4,8 +4,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use burn_mapped::convert::WeightFormat;
 use burn_mapped::convert::{ConvertOptions, ConvertSummary, Progress};
-use burn_mapped::format::WeightFormat;
 use burn_mapped::q8::is_projection_weight;
 use burn_mapped::{Existing, Manifest};
 use indicatif::HumanBytes;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn_mapped::convert::Progress;
-use burn_mapped::format::WeightFormat;
+use burn_mapped::convert::WeightFormat;
 use burn_mapped::host::memstat::rss_self;
 use burn_mapped_models::qwen2::load::load;
 use burn_mapped_models::qwen2::{Sampler, Sampling, SamplingError};
@@ -581,7 +581,7 @@ impl DeviceRun<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn_mapped::format::CastTo;
+    use burn_mapped::convert::CastTo;
     use clap::Parser;
 
     #[derive(Parser)]

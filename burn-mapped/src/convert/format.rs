@@ -1,11 +1,8 @@
-//! The weight format: how a store holds a model's weights. [`WeightFormat`] is what is asked
-//! for (the CLI's `--dtype`, a converter's options, a cached store's name); [`TensorFormat`] is
-//! what one stored tensor is, as its manifest entry says, and picks the kernel that reads it.
+//! The weight format a conversion writes: [`WeightFormat`], asked for by the CLI's `--dtype`,
+//! a converter's options and a cached store's name. What each stored tensor then is, its
+//! manifest entry says ([`TensorEntry::format`](crate::manifest::TensorEntry::format)).
 
 use burn::tensor::DType;
-
-use crate::gguf::format::BlockLayout;
-use crate::manifest::{Q8_ROW_F16, TensorEntry};
 
 /// Float dtypes a converter can cast to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -131,31 +128,6 @@ impl std::str::FromStr for WeightFormat {
                 .parse::<CastTo>()
                 .map(Self::Float)
                 .map_err(|_| ParseWeightFormatError(s.to_string())),
-        }
-    }
-}
-
-/// How one stored tensor is held, and so which product reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TensorFormat {
-    /// Plain elements of the entry's dtype.
-    Float,
-    /// A q8 matrix: int8 values linked to an f16 scale per row.
-    Q8,
-    /// GGUF blocks, as the checkpoint holds them.
-    Blocks(BlockLayout),
-}
-
-impl TensorFormat {
-    /// What `entry` holds: blocks when it records a block layout, q8 when it links a
-    /// `q8-row-f16` scale, plain elements otherwise.
-    pub fn of(entry: &TensorEntry) -> Self {
-        if let Some(layout) = entry.blocks() {
-            Self::Blocks(layout)
-        } else if entry.quant().is_some_and(|link| link.scheme == Q8_ROW_F16) {
-            Self::Q8
-        } else {
-            Self::Float
         }
     }
 }
