@@ -586,13 +586,11 @@ pub fn write_tensors<'a>(
         if p.q8 {
             let source = &p.source;
             let report = |done: u64| {
-                if let Some(progress) = options.progress.as_mut() {
-                    progress(&Progress {
-                        done_bytes: done,
-                        total_bytes,
-                        tensor: &source.name,
-                    });
-                }
+                options.report(&Progress {
+                    done_bytes: done,
+                    total_bytes,
+                    tensor: &source.name,
+                })
             };
             write_q8(writer, &p, &mut done_bytes, report)?;
             summary.written += 1;
@@ -616,15 +614,12 @@ pub fn write_tensors<'a>(
         }
         let cast = (out_dtype != dtype)
             .then(|| options.cast.expect("out dtype differs only when casting"));
-        let progress = &mut options.progress;
         let mut report = |done: u64| {
-            if let Some(progress) = progress.as_mut() {
-                progress(&Progress {
-                    done_bytes: done,
-                    total_bytes,
-                    tensor: &source.name,
-                });
-            }
+            options.report(&Progress {
+                done_bytes: done,
+                total_bytes,
+                tensor: &source.name,
+            })
         };
         let mut overflow = None;
         let elem = dtype.size() as u64;

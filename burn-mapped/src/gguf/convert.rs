@@ -13,11 +13,9 @@ use super::format::BlockLayout;
 use super::format::{f16_at, scale_offsets};
 use super::source::{SourceError, SourceRecord};
 use super::{GgufError, MappedGguf, dequantize};
-use crate::convert::CastTo;
-use crate::convert::{ConvertOptions, Progress};
+use crate::convert::{CastTo, ConvertOptions, Progress};
 use crate::error::StoreError;
-use crate::manifest::TensorFormat;
-use crate::manifest::{Manifest, Q8_ROW_F16};
+use crate::manifest::{Manifest, Q8_ROW_F16, TensorFormat};
 use crate::q8::{Q8Builder, Q8Error, add_q8, scale_name};
 use crate::writer::{StoreWriter, TensorSpec};
 
