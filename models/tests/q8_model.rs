@@ -284,6 +284,23 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
             "first step timed by launch, recorded: {record}"
         );
     }
+    // A cache longer than one attention pass: each head's positions spread over cubes and then
+    // combined (a sixth launch a layer), the prompt reaching past the first cube's range.
+    let long: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % 256).collect();
+    let want_long = host
+        .generate(&long, NEW, &mut Sampler::greedy(), &[])
+        .unwrap();
+    let mut decoder = DeviceDecoder::new(&device, 300).unwrap();
+    let got = decoder
+        .generate(&long, NEW, &mut Sampler::greedy(), &[], |_| {})
+        .unwrap();
+    assert_eq!(got, want_long, "a cache of 300 positions");
+    assert!(decoder.is_recorded());
+    assert_eq!(
+        decoder.launches_per_token(),
+        1 + 6 * config.num_hidden_layers + 4
+    );
+
     // `generate` takes the step by default, and stops after a stop token.
     let stop = expected[3];
     let got = device

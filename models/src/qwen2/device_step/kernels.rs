@@ -257,6 +257,12 @@ pub(super) fn cache_write_kernel(
 /// another writes in the same launch. With `cached`, [`cache_write_kernel`] wrote every row's
 /// key and value before, and all are read from the cache.
 ///
+/// With `partial` (decode only), cube `z` of the grid's third axis attends over positions
+/// `z * span..(z + 1) * span` alone and leaves its running maximum, sum and unnormalized
+/// output in `parts` (`[heads, splits, head_dim + 2]`) for [`attention_combine_kernel`]: a long
+/// cache is read by `splits` cubes a head at once rather than one cube walking it. Without,
+/// `span` covers the cache and the cube splits its own output.
+///
 /// `kc`/`vc` are `[kv_heads, capacity, head_dim]`; `keys` is `kc` again, bound as vectors of
 /// four so that a thread reads its key in `head_dim / 4` loads rather than `head_dim` (every
 /// thread reads a different key: each load of a warp touches as many lines as it has threads,
@@ -275,16 +281,20 @@ pub(super) fn attention_kernel(
     keys: &[F4],
     xq: &mut [Word4],
     xs: &mut [f32],
+    parts: &mut [f32],
     capacity: usize,
+    span: usize,
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
     #[comptime] heads: usize,
     #[comptime] cached: bool,
+    #[comptime] partial: bool,
 ) {
     let h = CUBE_POS_X as usize;
     let g = h / group;
     let t = CUBE_POS_Y as usize;
+    let z = CUBE_POS_Z as usize;
     let tid = UNIT_POS as usize;
     let p_now = pos[0] as usize + t;
     let mut sq = Shared::<[f32]>::new_slice(head_dim);
@@ -317,7 +327,7 @@ pub(super) fn attention_kernel(
             let value = v[g * head_dim + tid];
             sk[tid] = key;
             sv[tid] = value;
-            if h == g * group {
+            if h == g * group && z == 0 {
                 let at = (g * capacity + p_now) * head_dim + tid;
                 kc[at] = key;
                 vc[at] = value;
@@ -326,18 +336,23 @@ pub(super) fn attention_kernel(
     }
     sync_cube();
 
-    let parts = THREADS / head_dim;
+    let groups = THREADS / head_dim;
     let d = tid % head_dim;
     let part = tid / head_dim;
     let base = g * capacity * head_dim;
     let mut m = LOWEST.runtime();
     let mut l = 0.0f32;
     let mut acc = 0.0f32;
+    // This cube's positions: `first..len`.
+    let first = z * span;
     let mut len = p_now + 1;
     if !live {
         len = 0;
     }
-    let mut start = 0usize;
+    if len > first + span {
+        len = first + span;
+    }
+    let mut start = first;
     while start < len {
         let p = start + tid;
         let mut score = LOWEST.runtime();
@@ -398,7 +413,7 @@ pub(super) fn attention_kernel(
             let mut ws = Array::<f32>::new(VALUE_BATCH);
             #[unroll]
             for u in 0..VALUE_BATCH {
-                let jj = j + u * parts;
+                let jj = j + u * groups;
                 let mut value = 0.0f32;
                 let mut weight = 0.0f32;
                 if jj < n {
@@ -417,7 +432,7 @@ pub(super) fn attention_kernel(
                 l += ws[u];
                 acc += ws[u] * vals[u];
             }
-            j += VALUE_BATCH * parts;
+            j += VALUE_BATCH * groups;
         }
         sync_cube();
         start += THREADS;
@@ -428,15 +443,45 @@ pub(super) fn attention_kernel(
     if tid < head_dim {
         let mut a = 0.0f32;
         let mut s = 0.0f32;
-        for pt in 0..parts {
+        for pt in 0..groups {
             a += ra[pt * head_dim + tid];
             s += rl[pt * head_dim + tid];
         }
-        sq[tid] = a / s;
+        if comptime!(partial) {
+            // An empty range leaves `LOWEST` and zeros, which the combination weighs as 0.
+            let at = (h * CUBE_COUNT_Z as usize + z) * (head_dim + 2);
+            parts[at + tid] = a;
+            if tid == 0 {
+                parts[at + head_dim] = m;
+                parts[at + head_dim + 1] = s;
+            }
+        } else {
+            sq[tid] = a / s;
+        }
     }
-    sync_cube();
+    if comptime!(!partial) {
+        sync_cube();
+        if live {
+            split_head(&sq, xq, xs, t, h, heads, head_dim);
+        }
+    }
+}
+
+/// Row `t`'s output of head `h` (`head_dim` values in `out`) split for the o-projection, by
+/// the cube's first `head_dim / BLOCK` threads.
+#[cube]
+fn split_head(
+    out: &Shared<[f32]>,
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    t: usize,
+    h: usize,
+    #[comptime] heads: usize,
+    #[comptime] head_dim: usize,
+) {
+    let tid = UNIT_POS as usize;
     let per_head = head_dim / BLOCK;
-    if tid < per_head && live {
+    if tid < per_head {
         let blocks = CUBE_COUNT_Y as usize * heads * per_head;
         let mut vals = Array::<F4>::new(4usize);
         #[unroll]
@@ -444,7 +489,7 @@ pub(super) fn attention_kernel(
             let mut four = F4::new(0.0f32);
             #[unroll]
             for c in 0..4usize {
-                four.insert(c, sq[tid * BLOCK + 4 * i + c]);
+                four.insert(c, out[tid * BLOCK + 4 * i + c]);
             }
             vals[i] = four;
         }
@@ -456,6 +501,46 @@ pub(super) fn attention_kernel(
             blocks,
             8 * blocks,
         );
+    }
+}
+
+/// The decode step's attention output of head `h` (one cube each, `head_dim` threads) from
+/// the `splits` ranges [`attention_kernel`] left in `parts` with `partial`: each range's sum
+/// and output weighed by `exp(its maximum - the greatest)`, then split for the o-projection.
+#[cube(launch_unchecked)]
+pub(super) fn attention_combine_kernel(
+    parts: &[f32],
+    pos: &[u32],
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    capacity: usize,
+    splits: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] heads: usize,
+) {
+    let h = CUBE_POS_X as usize;
+    let tid = UNIT_POS as usize;
+    let mut out = Shared::<[f32]>::new_slice(head_dim);
+    let stride = head_dim + 2;
+    let first = h * splits * stride;
+    if tid < head_dim {
+        let mut top = LOWEST.runtime();
+        for s in 0..splits {
+            top = f32::max(top, parts[first + s * stride + head_dim]);
+        }
+        let mut num = 0.0f32;
+        let mut den = 0.0f32;
+        for s in 0..splits {
+            let at = first + s * stride;
+            let w = f32::exp(parts[at + head_dim] - top);
+            num += w * parts[at + tid];
+            den += w * parts[at + head_dim + 1];
+        }
+        out[tid] = num / den;
+    }
+    sync_cube();
+    if (pos[0] as usize) < capacity {
+        split_head(&out, xq, xs, 0, h, heads, head_dim);
     }
 }
 

@@ -8,7 +8,8 @@
 //! argument changes between tokens. A layer is five launches, because a launch costs the
 //! device microseconds however little it does: the q/k/v products, each cube of which norms
 //! the row itself (`fused_products`); attention with RoPE and the cache write, splitting its
-//! output; the o-projection adding the residual; gate and up, norming as q/k/v do, each cube
+//! output (over a cache longer than one cube's pass, each head's positions are spread over
+//! cubes and a sixth launch combines them); the o-projection adding the residual; gate and up, norming as q/k/v do, each cube
 //! computing sixteen rows of both and writing their `silu(gate) * up` as one split block
 //! (`paired_products`); and the down projection, its cubes fetching their weights before
 //! they copy that split (`staged_product`), adding the residual. The
@@ -106,6 +107,21 @@ fn refused(reason: impl Into<String>) -> DeviceStepRefused {
 /// otherwise: ~32 MiB of activations on Qwen2.5-0.5B.
 const PREFILL_ROWS: usize = 512;
 
+/// Positions one cube of a decode step's attention reads when the cache is longer than
+/// [`THREADS`] positions: a head's cache is then read by `capacity / ATTENTION_SPAN` cubes at
+/// once, and one more launch combines their parts. Up to [`THREADS`] positions one cube a head
+/// reads the cache in one pass, and the combining launch would cost more than it saves.
+const ATTENTION_SPAN: usize = 128;
+
+/// How many cubes a head's decode attention takes over a cache of `capacity` positions.
+fn attention_splits(capacity: usize) -> usize {
+    if capacity <= THREADS {
+        1
+    } else {
+        capacity.div_ceil(ATTENTION_SPAN)
+    }
+}
+
 fn device_error(e: impl std::fmt::Display) -> DeviceStepError {
     DeviceStepError::Device(e.to_string())
 }
@@ -143,6 +159,8 @@ struct Dims {
     inter: usize,
     vocab: usize,
     capacity: usize,
+    /// Cubes a head's decode attention takes ([`attention_splits`]).
+    splits: usize,
 }
 
 /// Activations of some positions: one for a decode step, a chunk of the prompt in prefill.
@@ -202,6 +220,9 @@ struct Buffers {
     nucleus: Nucleus,
     cos: Handle,
     sin: Handle,
+    /// Each decode attention cube's maximum, sum and output, `[heads, splits, head_dim + 2]`
+    /// (one word where a head takes one cube).
+    attention_parts: Handle,
 }
 
 /// Top-p's own buffers.
@@ -451,6 +472,7 @@ impl DeviceDecoder {
             inter,
             vocab,
             capacity,
+            splits: attention_splits(capacity),
         };
         let embed_rows: usize = embed
             .iter()
@@ -546,6 +568,7 @@ impl DeviceDecoder {
             },
             cos: client.create_from_slice(f32::as_bytes(&cos)),
             sin: client.create_from_slice(f32::as_bytes(&sin)),
+            attention_parts: f32s(attention_parts_len(&dims)),
         };
         Ok(Self {
             client,
@@ -605,6 +628,7 @@ impl DeviceDecoder {
             &n.counts,
             &b.cos,
             &b.sin,
+            &b.attention_parts,
         ];
         let scratch = b.acts.bytes()
             + b.block_logits.as_ref().map_or(0, |h| h.size_in_used())
@@ -1080,10 +1104,17 @@ impl DeviceDecoder {
                 self.timed("cache write");
                 count += 1;
             }
+            // A decode step over a long cache splits each head's positions over cubes.
+            let split = !prefill && d.splits > 1;
+            let (splits, span) = if split {
+                (d.splits, ATTENTION_SPAN)
+            } else {
+                (1, d.capacity)
+            };
             unsafe {
                 kernels::attention_kernel::launch_unchecked(
                     c,
-                    CubeCount::Static(d.heads as u32, rows as u32, 1),
+                    CubeCount::Static(d.heads as u32, rows as u32, splits as u32),
                     CubeDim::new_1d(THREADS as u32),
                     BufferArg::from_raw_parts(a.q.clone(), rows * d.hidden),
                     BufferArg::from_raw_parts(a.k.clone(), rows * kv),
@@ -1096,15 +1127,42 @@ impl DeviceDecoder {
                     BufferArg::from_raw_parts(l.kc.clone(), cache / 4),
                     BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
                     BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
+                    BufferArg::from_raw_parts(b.attention_parts.clone(), attention_parts_len(&d)),
                     d.capacity,
+                    span,
                     1.0 / (d.head_dim as f32).sqrt(),
                     d.head_dim,
                     d.heads / d.kv_heads,
                     d.heads,
                     prefill,
+                    split,
                 );
             }
-            self.timed("attention");
+            if split {
+                self.timed("attention");
+                unsafe {
+                    kernels::attention_combine_kernel::launch_unchecked(
+                        c,
+                        CubeCount::Static(d.heads as u32, 1, 1),
+                        CubeDim::new_1d(d.head_dim as u32),
+                        BufferArg::from_raw_parts(
+                            b.attention_parts.clone(),
+                            attention_parts_len(&d),
+                        ),
+                        BufferArg::from_raw_parts(b.pos.clone(), 1),
+                        BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
+                        BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
+                        d.capacity,
+                        d.splits,
+                        d.head_dim,
+                        d.heads,
+                    );
+                }
+                self.timed("attention combine");
+                count += 1;
+            } else {
+                self.timed("attention");
+            }
             let o = Product {
                 weight: &l.o,
                 add: Addend::Residual(&a.h0),
@@ -1372,6 +1430,15 @@ fn rms_split(
             first_row,
             n,
         );
+    }
+}
+
+/// Words of [`Buffers::attention_parts`].
+fn attention_parts_len(d: &Dims) -> usize {
+    if d.splits > 1 {
+        d.heads * d.splits * (d.head_dim + 2)
+    } else {
+        1
     }
 }
 

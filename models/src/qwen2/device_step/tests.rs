@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::kernels::{self, ARGMAX_PARTS, THREADS};
-use super::{Dims, Nucleus, argmax, sample_top_p};
+use super::{ATTENTION_SPAN, Dims, Nucleus, argmax, attention_splits, sample_top_p};
 use crate::qwen2::rope;
 
 fn client() -> Option<Client> {
@@ -333,11 +333,20 @@ fn rope_tables(capacity: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
     (cos, sin)
 }
 
-#[test]
-fn attention_writes_the_cache_and_attends_over_the_prefix() {
-    let Some(c) = client() else { return };
-    let (heads, kv_heads, d, capacity, pos) = (4usize, 2usize, 64usize, 8usize, 5usize);
+/// A decode step's attention at position `pos` of a cache of `capacity`, `heads` heads of `d`
+/// over `kv_heads` key/value heads, against the f64 reference: the new key and value written
+/// at `pos` alone, the output over every position up to `pos`. Each head takes the cubes the
+/// step gives it for `capacity` ([`attention_splits`]), combined as the step combines them.
+fn decode_attention_case(
+    c: &Client,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    capacity: usize,
+    pos: usize,
+) {
     let group = heads / kv_heads;
+    let splits = attention_splits(capacity);
     let q = values(heads * d, 5);
     let k = values(kv_heads * d, 6);
     let v = values(kv_heads * d, 7);
@@ -346,38 +355,64 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
     let vc0 = cache_before(9, kv_heads, capacity, d, pos);
     let half = d / 2;
     let (cos, sin) = rope_tables(capacity, d);
-    let (kc, vc) = (upload(&c, &kc0), upload(&c, &vc0));
+    let (kc, vc) = (upload(c, &kc0), upload(c, &vc0));
     let out = c.empty(9 * heads * d / 16 * 4);
     let blocks = heads * d / 16;
     let scale = 1.0 / (d as f32).sqrt();
-    // SAFETY: every buffer holds what the kernel indexes for these shapes.
+    let p_buf = upload_u32(c, &[pos as u32]);
+    let parts_len = heads * splits * (d + 2);
+    let parts = c.empty(parts_len * 4);
+    let (span, split) = if splits > 1 {
+        (ATTENTION_SPAN, true)
+    } else {
+        (capacity, false)
+    };
+    // SAFETY: every buffer holds what the kernels index for these shapes.
     unsafe {
         kernels::attention_kernel::launch_unchecked(
-            &c,
-            CubeCount::Static(heads as u32, 1, 1),
+            c,
+            CubeCount::Static(heads as u32, 1, splits as u32),
             CubeDim::new_1d(THREADS as u32),
-            BufferArg::from_raw_parts(upload(&c, &q), heads * d),
-            BufferArg::from_raw_parts(upload(&c, &k), kv_heads * d),
-            BufferArg::from_raw_parts(upload(&c, &v), kv_heads * d),
-            BufferArg::from_raw_parts(upload(&c, &cos), capacity * half),
-            BufferArg::from_raw_parts(upload(&c, &sin), capacity * half),
-            BufferArg::from_raw_parts(upload_u32(&c, &[pos as u32]), 1),
+            BufferArg::from_raw_parts(upload(c, &q), heads * d),
+            BufferArg::from_raw_parts(upload(c, &k), kv_heads * d),
+            BufferArg::from_raw_parts(upload(c, &v), kv_heads * d),
+            BufferArg::from_raw_parts(upload(c, &cos), capacity * half),
+            BufferArg::from_raw_parts(upload(c, &sin), capacity * half),
+            BufferArg::from_raw_parts(p_buf.clone(), 1),
             BufferArg::from_raw_parts(kc.clone(), kv_heads * capacity * d),
             BufferArg::from_raw_parts(vc.clone(), kv_heads * capacity * d),
             BufferArg::from_raw_parts(kc.clone(), kv_heads * capacity * d / 4),
             BufferArg::from_raw_parts(out.clone(), 2 * blocks),
             BufferArg::from_raw_parts(out.clone(), 9 * blocks),
+            BufferArg::from_raw_parts(parts.clone(), parts_len),
             capacity,
+            span,
             scale,
             d,
             group,
             heads,
             false,
+            split,
         );
+        if split {
+            kernels::attention_combine_kernel::launch_unchecked(
+                c,
+                CubeCount::Static(heads as u32, 1, 1),
+                CubeDim::new_1d(d as u32),
+                BufferArg::from_raw_parts(parts, parts_len),
+                BufferArg::from_raw_parts(p_buf, 1),
+                BufferArg::from_raw_parts(out.clone(), 2 * blocks),
+                BufferArg::from_raw_parts(out.clone(), 9 * blocks),
+                capacity,
+                splits,
+                d,
+                heads,
+            );
+        }
     }
     let (cp, sp) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
     let k_now = rotate(&k, d, cp, sp);
-    let (kc1, vc1) = (floats(&c, &kc), floats(&c, &vc));
+    let (kc1, vc1) = (floats(c, &kc), floats(c, &vc));
     for g in 0..kv_heads {
         for i in 0..d {
             let at = (g * capacity + pos) * d + i;
@@ -388,6 +423,13 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
         for p in 0..pos {
             let at = (g * capacity + p) * d;
             assert_eq!(kc1[at..at + d], kc0[at..at + d], "cached key {p} kept");
+        }
+        for p in pos + 1..capacity {
+            let at = (g * capacity + p) * d;
+            assert!(
+                kc1[at].is_nan() && vc1[at].is_nan(),
+                "position {p} untouched"
+            );
         }
     }
     let q_now = rotate(&q, d, cp, sp);
@@ -424,7 +466,26 @@ fn attention_writes_the_cache_and_attends_over_the_prefix() {
             want[h * d + i] = (0..=pos).map(|p| weights[p] * value(p, i)).sum::<f64>() / total;
         }
     }
-    assert_split_close(&unsplit(&words(&c, &out), heads * d), &want, "attention");
+    let what = format!("attention, {splits} cubes a head, position {pos} of {capacity}");
+    assert_split_close(&unsplit(&words(c, &out), heads * d), &want, &what);
+}
+
+#[test]
+fn attention_writes_the_cache_and_attends_over_the_prefix() {
+    let Some(c) = client() else { return };
+    decode_attention_case(&c, 4, 2, 64, 8, 5);
+}
+
+/// A cache longer than one cube's pass: each head's positions split over cubes, whose ranges
+/// past the position are empty, then combined; at 0.5B's and 7B's head shapes (64 and 128
+/// wide, groups of 7 and 7), the position at a range's first, middle and last slot.
+#[test]
+fn attention_over_a_long_cache_splits_and_combines_the_prefix() {
+    let Some(c) = client() else { return };
+    assert!(attention_splits(700) > 2, "the case must split");
+    for (heads, kv_heads, d, pos) in [(14, 2, 64, 640), (7, 1, 128, 555), (14, 2, 64, 383)] {
+        decode_attention_case(&c, heads, kv_heads, d, 700, pos);
+    }
 }
 
 #[test]
@@ -643,12 +704,15 @@ fn prefill_writes_every_row_and_attends_causally() {
             BufferArg::from_raw_parts(kc.clone(), kv_heads * capacity * d / 4),
             BufferArg::from_raw_parts(out.clone(), 2 * blocks),
             BufferArg::from_raw_parts(out.clone(), 9 * blocks),
+            BufferArg::from_raw_parts(c.empty(4), 1),
+            capacity,
             capacity,
             scale,
             d,
             group,
             heads,
             true,
+            false,
         );
     }
     let angles = |p: usize| (&cos[p * half..][..half], &sin[p * half..][..half]);
