@@ -6,9 +6,10 @@ same GGUF, the arms alternating within each round (their order rotating by round
 in `-topp` sample instead (`--temperature 0.8 --top-p 0.9 --seed 1`): `q8-step-topp` is the
 device step's top-p, `q8-ops-topp` the host sampler's after tensor ops. The `q8-step-batch32`
 arm runs the device step with `CUBECL_WGPU_MAX_TASKS=32`, CubeCL's default batch of launches per
-submission, where `generate` otherwise submits each step whole (512). Arms ending in `-kc` keep
-compiled kernels in `<cache-dir>/kernels` (`--kernel-cache`), warm after the first use; the
-others compile every kernel in every process.
+submission, where `generate` otherwise submits each step whole (512). Every arm keeps compiled
+kernels where `generate` keeps them by default (`<cache-dir>/kernels` on `--device vulkan`),
+warm after the first use, except arms ending in `-cold`: each of their processes starts with a
+new, empty kernel cache, as the first process on a machine does.
 
 Per burn-mapped run: decode tok/s (tokens after the first over the time after it), time to the
 first token and model-ready time (in-process), and for the device step its launches per token,
@@ -36,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPT = "Write a Python function that checks whether a number is prime."
@@ -44,14 +46,14 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 def burn_arm(arm):
     """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs,
     whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy, the
-    launch batch, and whether compiled kernels are kept across processes."""
+    launch batch, and whether each process starts with an empty kernel cache."""
     parts = arm.split("-")
-    return parts[0], "step" in parts, "topp" in parts, "batch32" in parts, "kc" in parts
+    return parts[0], "step" in parts, "topp" in parts, "batch32" in parts, "cold" in parts
 
 
-def run_burn(args, dtype, device_step, top_p=False, batch32=False, kc=False, prompt=None):
-    """`prompt` None: the chat prompt; else this text without the chat template. `kc`: the
-    kernel cache in `<cache-dir>/kernels`."""
+def run_burn(args, dtype, device_step, top_p=False, batch32=False, cold=False, prompt=None):
+    """`prompt` None: the chat prompt; else this text without the chat template. `cold`: a new,
+    empty kernel cache for this process."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
         "--placement", "resident", "--dtype", dtype, "--max-tokens", str(args.tokens),
@@ -67,8 +69,9 @@ def run_burn(args, dtype, device_step, top_p=False, batch32=False, kc=False, pro
     env = dict(os.environ)
     if batch32:
         env["CUBECL_WGPU_MAX_TASKS"] = "32"
-    if kc:
-        cmd += ["--kernel-cache", os.path.join(args.cache_dir, "kernels")]
+    if cold:
+        fresh = tempfile.mkdtemp(prefix="kernels-", dir=args.cache_dir)
+        cmd += ["--kernel-cache", fresh]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -211,7 +214,7 @@ def main():
                       f"(prompt {ft['prompt_ms']:.1f} ms)", file=sys.stderr, flush=True)
         if long_tokens:
             for arm in order:
-                if arm.startswith("llama") or arm in ("q8-step", "q8-step-kc"):
+                if arm.startswith("llama") or arm in ("q8-step", "q8-step-cold"):
                     ft = first_token(args, arm, long_tokens, text=long_text)
                     firsts_long[arm].append(ft)
                     print(f"round {r} {arm}: first token of {long_tokens} {ft['wall_ms']:.0f} ms "

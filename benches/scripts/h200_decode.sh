@@ -76,7 +76,7 @@ gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -
 
 for size in $sizes; do
   case "$size" in
-    0.5b) arms="${ARMS_0_5B:-q8-step,q8-ops,f32-ops,llama-fa0,llama-fa1}"
+    0.5b) arms="${ARMS_0_5B:-q8-step,q8-step-cold,q8-ops,f32-ops,llama-fa0,llama-fa1}"
           label="Qwen2.5-Coder-0.5B-Instruct Q4_K_M, random blocks" ;;
     7b) arms="${ARMS_7B:-q8-step,llama-fa0,llama-fa1}"
         label="DeepSeek-R1-Distill-Qwen-7B Q4_K_M (Qwen2), random blocks" ;;

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -93,9 +93,13 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Keep compiled GPU kernels in this directory for later processes, and read what earlier
-    /// ones kept (`vulkan` builds; CubeCL's compilation store). Off unless given.
-    #[arg(long)]
+    /// ones kept (`vulkan` builds; CubeCL's compilation store). On `--device vulkan` it is
+    /// `<cache-dir>/kernels` unless given or turned off.
+    #[arg(long, conflicts_with = "no_kernel_cache")]
     pub kernel_cache: Option<PathBuf>,
+    /// Compile every GPU kernel in this process, keeping none (for measurements).
+    #[arg(long)]
+    pub no_kernel_cache: bool,
     /// Device and weight placement.
     #[command(flatten)]
     pub place: PlacementArgs,
@@ -277,14 +281,24 @@ pub fn default_format(device: &burn::tensor::Device) -> Option<WeightFormat> {
     (!burn_mapped::placement::is_flex(device)).then_some(WeightFormat::Q8)
 }
 
+/// Where this run keeps compiled kernels: the directory asked for on a GPU; by default
+/// `<cache>/kernels` on the SPIR-V device (`vulkan`), the one whose kernels the cache keeps;
+/// none on the CPU or with `--no-kernel-cache`. It halves a new process's wait for its first
+/// token on an H200 (docs/GPU.md).
+fn kernel_cache_dir(args: &GenerateArgs, cache: &Path) -> Option<PathBuf> {
+    match (&args.kernel_cache, args.place.device) {
+        (_, DeviceArg::Cpu) => None,
+        (Some(dir), _) => Some(dir.clone()),
+        (None, DeviceArg::Vulkan) if !args.no_kernel_cache => Some(cache.join("kernels")),
+        _ => None,
+    }
+}
+
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     // Before any GPU runtime starts, which reads CubeCL's configuration once.
-    let kernels = match &args.kernel_cache {
-        Some(dir) if args.place.device != DeviceArg::Cpu => KernelCache::enable(dir),
-        _ => None,
-    };
+    let kernels = kernel_cache_dir(args, &cache).and_then(|dir| KernelCache::enable(&dir));
     // Not started yet: a GPU runtime starts at its first use or at `decode_device`.
     let device = args.place.device.device();
     let format = args.dtype.or_else(|| default_format(&device));
@@ -588,6 +602,28 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: GenerateArgs,
+    }
+
+    #[test]
+    fn kernels_are_kept_under_the_cache_on_vulkan_unless_asked_otherwise() {
+        // The device set after parsing: a build parses only the devices it has.
+        let dir = |device: DeviceArg, argv: &[&str]| {
+            let mut cli =
+                Cli::try_parse_from(["generate", "--prompt", "hi"].iter().chain(argv)).unwrap();
+            cli.args.place.device = device;
+            kernel_cache_dir(&cli.args, Path::new("/c"))
+        };
+        let kept = Some(PathBuf::from("/c/kernels"));
+        assert_eq!(dir(DeviceArg::Vulkan, &[]), kept);
+        assert_eq!(dir(DeviceArg::Vulkan, &["--no-kernel-cache"]), None);
+        let asked = Some(PathBuf::from("/k"));
+        assert_eq!(dir(DeviceArg::Wgpu, &["--kernel-cache", "/k"]), asked);
+        assert_eq!(dir(DeviceArg::Vulkan, &["--kernel-cache", "/k"]), asked);
+        // WGSL compiles in the driver: nothing to keep unless asked; nothing on the CPU.
+        assert_eq!(dir(DeviceArg::Wgpu, &[]), None);
+        assert_eq!(dir(DeviceArg::Cpu, &["--kernel-cache", "/k"]), None);
+        let both = ["--kernel-cache", "/k", "--no-kernel-cache"];
+        assert!(Cli::try_parse_from(["generate", "--prompt", "hi"].iter().chain(&both)).is_err());
     }
 
     #[test]
