@@ -2,7 +2,7 @@
 //! backend compiles to WGSL: no 8-bit type (the q8 kernels read the int8 weights as 32-bit
 //! words) and, on Mesa's lavapipe, bindings of at most 128 MiB (the 545 MB f32 embedding and
 //! the 136 MB int8 LM head load as row blocks). The first greedy tokens of a reference prompt
-//! equal the float64 reference's.
+//! through the device step equal the float64 reference's.
 //!
 //! Needs this crate's `wgpu` feature, a wgpu adapter and the checkpoint: without the adapter
 //! or the checkpoint it says so and passes, unless `BURN_MAPPED_REQUIRE_GPU=1` or
@@ -11,29 +11,17 @@
 
 use std::process::Command;
 
-use burn_mapped_tests::real::real_reference;
+use burn_mapped_tests::real::{RealPrompt, real_reference};
 
 /// Decoded tokens: lavapipe runs this model at well under a token per second.
 const TOKENS: usize = 3;
 
-#[test]
-fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
-    let Some(gguf) = burn_mapped_tests::real_gguf() else {
-        return;
-    };
-    let Some(device) = burn_mapped_tests::gpu::wgpu_device() else {
-        return;
-    };
-    let reference = real_reference();
-    // The shortest prompt: lavapipe's prefill is slow too.
-    let prompt = reference
-        .iter()
-        .min_by_key(|p| p.prompt_ids.len())
-        .expect("the reference has prompts");
+/// The summary `generate --json` prints for `prompt` on the wgpu device, `extra` arguments added.
+fn generate(gguf: &std::path::Path, prompt: &RealPrompt, extra: &[&str]) -> serde_json::Value {
     let mut command = Command::new(env!("CARGO_BIN_EXE_burn-mapped"));
     command
         .args(["generate", "--model"])
-        .arg(&gguf)
+        .arg(gguf)
         .args([
             "--dtype",
             "q8",
@@ -48,6 +36,7 @@ fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
             "--ignore-eos",
             "--json",
         ])
+        .args(extra)
         .arg("--prompt");
     match &prompt.user_message {
         Some(message) => command.arg(message).arg("--chat"),
@@ -56,34 +45,70 @@ fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
     let output = command.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "generate failed:\n{stderr}");
-    let summary: serde_json::Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("generate --json printed no JSON ({e}):\n{stderr}"));
-    let ids = |key: &str| -> Vec<u32> {
-        summary[key]
-            .as_array()
-            .unwrap_or_else(|| panic!("no `{key}` in {summary}"))
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("generate --json printed no JSON ({e}):\n{stderr}"))
+}
+
+fn ids(summary: &serde_json::Value, key: &str) -> Vec<u32> {
+    summary[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no `{key}` in {summary}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The first tokens through the device step, recorded, on the reference's shortest prompt: with
+/// a cache of the prompt and the new tokens (one attention cube a head), and with a cache of 300
+/// positions, whose attention spreads each head over cubes and combines them (a sixth launch a
+/// layer).
+#[test]
+fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
+    let Some(gguf) = burn_mapped_tests::real_gguf() else {
+        return;
     };
+    let Some(device) = burn_mapped_tests::gpu::wgpu_device() else {
+        return;
+    };
+    let reference = real_reference();
+    // The shortest prompt: lavapipe's prefill is slow too.
+    let prompt = reference
+        .iter()
+        .min_by_key(|p| p.prompt_ids.len())
+        .expect("the reference has prompts");
+    let mut launches = Vec::new();
+    for extra in [&[][..], &["--ctx", "300"][..]] {
+        let summary = generate(&gguf, prompt, extra);
+        assert_eq!(
+            ids(&summary, "prompt_ids"),
+            prompt.prompt_ids,
+            "the reference's prompt"
+        );
+        assert_eq!(
+            ids(&summary, "generated_ids"),
+            prompt.generated_ids[..TOKENS],
+            "greedy tokens on {} ({:?}), {extra:?}",
+            summary["device"],
+            device.identity().map(|id| id.name),
+        );
+        assert_eq!(
+            summary["decode_path"], "device step (recorded)",
+            "{extra:?}"
+        );
+        launches.push(summary["launches_per_token"].as_u64().unwrap());
+        eprintln!(
+            "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens equal the \
+             reference's ({extra:?}); model-ready {} ms, decode {} tok/s",
+            device.identity().map(|id| id.name),
+            burn_mapped::placement::max_binding(&device),
+            summary["model_ready_ms"],
+            summary["decode_tokens_per_s"],
+        );
+    }
+    // The split attention's combining launch, once in each of the 24 layers.
     assert_eq!(
-        ids("prompt_ids"),
-        prompt.prompt_ids,
-        "the reference's prompt"
-    );
-    assert_eq!(
-        ids("generated_ids"),
-        prompt.generated_ids[..TOKENS],
-        "greedy tokens on {} ({:?})",
-        summary["device"],
-        device.identity().map(|id| id.name),
-    );
-    eprintln!(
-        "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens equal the reference's; \
-         model-ready {} ms, decode {} tok/s",
-        device.identity().map(|id| id.name),
-        burn_mapped::placement::max_binding(&device),
-        summary["model_ready_ms"],
-        summary["decode_tokens_per_s"],
+        launches[1],
+        launches[0] + 24,
+        "launches per token: {launches:?}"
     );
 }
