@@ -9,8 +9,9 @@
 //! device microseconds however little it does: the q/k/v products, each cube of which norms
 //! the row itself (`fused_products`); attention with RoPE and the cache write, splitting its
 //! output (over a cache longer than one cube's pass, each head's positions are spread over
-//! cubes and a sixth launch combines them); the o-projection adding the residual; gate and up, norming as q/k/v do, each cube
-//! computing sixteen rows of both and writing their `silu(gate) * up` as one split block
+//! cubes and a sixth launch combines them); the o-projection adding the residual; gate and
+//! up, norming as q/k/v do, each cube computing sixteen rows of both and writing their
+//! `silu(gate) * up` as one split block
 //! (`paired_products`); and the down projection, its cubes fetching their weights before
 //! they copy that split (`staged_product`), adding the residual. The
 //! choice runs on the device too, greedy or top-p (the host writes the sampler's draws once, by
