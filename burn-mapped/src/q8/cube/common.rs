@@ -11,7 +11,7 @@ use cubecl::server::Handle;
 
 /// f16 bits (low 16 bits of `h`) to f32, exactly, including subnormals, infinities and NaN.
 #[cube]
-fn f16_bits_to_f32(h: u32) -> f32 {
+pub(super) fn f16_bits_to_f32(h: u32) -> f32 {
     let sign = (h >> 15) & 1;
     let exp = (h >> 10) & 31;
     let man = h & 1023;
@@ -69,7 +69,8 @@ pub(super) fn clamped_bases(
 }
 
 /// Adds the lanes' partial sums of each of a group's `rows` output rows (one activation row
-/// per lane of the first `tile`) through shared memory, scales them by the row's scale, adds
+/// per lane of the first `tile`) through shared memory, scales them by the row's scale (with
+/// `scaled`: the q8 kernels' f16 scale per row; block weights carry theirs within), adds
 /// the bias (per output row, or with `bias_each` per output element: a residual stream of
 /// `t_total` rows) and writes them: the common end of the FMA and dp4a kernels.
 #[cube]
@@ -87,6 +88,7 @@ pub(super) fn write_rows(
     #[comptime] rows: usize,
     #[comptime] lanes: usize,
     #[comptime] groups: usize,
+    #[comptime] scaled: bool,
     #[comptime] has_bias: bool,
     #[comptime] bias_each: bool,
 ) {
@@ -109,7 +111,10 @@ pub(super) fn write_rows(
                 for l in 0..lanes {
                     sum += partial[(group * lanes + l) * tile + lane];
                 }
-                let mut value = sum * row_scale(scales, row);
+                let mut value = sum;
+                if comptime!(scaled) {
+                    value *= row_scale(scales, row);
+                }
                 if comptime!(has_bias) {
                     if comptime!(bias_each) {
                         value += bias[t * out + row];

@@ -14,11 +14,13 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::client::Client;
 use cubecl::server::Handle;
 
+use super::blocks::{self, BlockPart};
 pub use super::dot::{Word4, split_block};
 use super::fused::StagedSplit;
 pub use super::fused::{Prologue, PrologueInput, fused_max_in};
 pub use super::paired::Pairing;
 use super::{contiguous, dot, fused, paired};
+use crate::blocks::BlockLayout;
 use crate::q8::split::{SPLIT_BLOCK, SPLIT_WORDS};
 use crate::q8::tuning::{DotTuning, TILE};
 use crate::q8::weight::Q8Weight;
@@ -58,11 +60,23 @@ pub fn split_words(rows: usize, inp: usize) -> usize {
     SPLIT_WORDS * rows * inp / SPLIT_BLOCK
 }
 
-/// A q8 matrix's device buffers, contiguous, on one CubeCL client.
+/// A matrix's device buffers, contiguous, on one CubeCL client: q8 (int8 values and an f16
+/// scale per row) or a GGUF's own blocks.
 #[derive(Debug, Clone)]
 pub struct DirectWeight {
-    values: CubeTensor,
-    scales: CubeTensor,
+    inner: Inner,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Q8 {
+        values: CubeTensor,
+        scales: Box<CubeTensor>,
+    },
+    Blocks {
+        bytes: CubeTensor,
+        layout: BlockLayout,
+    },
 }
 
 impl DirectWeight {
@@ -74,27 +88,87 @@ impl DirectWeight {
         }
         let values = cube_int(weight.values())?;
         let scales = cube_float(weight.scales())?;
-        (values.dtype == DType::I8 && scales.dtype == DType::F16).then_some(Self { values, scales })
+        (values.dtype == DType::I8 && scales.dtype == DType::F16).then_some(Self {
+            inner: Inner::Q8 {
+                values,
+                scales: Box::new(scales),
+            },
+        })
+    }
+
+    /// A GGUF tensor's bytes as the file holds them (U8 `[out, layout.row_bytes()]`), read on
+    /// the device by the block kernels; `None` off CubeCL, for another dtype or shape, a type
+    /// they do not read (they read Q8_0, Q5_0, Q4_K and Q6_K), or a matrix that is not whole
+    /// 4-byte words (the kernels bind words).
+    pub fn blocks(bytes: &Tensor<2, Int>, layout: BlockLayout) -> Option<Self> {
+        blocks::kind(layout)?;
+        let [out, row] = bytes.dims();
+        let bytes = cube_int(bytes)?;
+        let whole = row == layout.row_bytes() && (out * row).is_multiple_of(4);
+        (bytes.dtype == DType::U8 && whole).then_some(Self {
+            inner: Inner::Blocks { bytes, layout },
+        })
+    }
+
+    fn tensor(&self) -> &CubeTensor {
+        match &self.inner {
+            Inner::Q8 { values, .. } => values,
+            Inner::Blocks { bytes, .. } => bytes,
+        }
     }
 
     /// Output rows.
     pub fn out_features(&self) -> usize {
-        self.values.meta.shape().dims::<2>()[0]
+        self.tensor().meta.shape().dims::<2>()[0]
     }
 
     /// Values per row.
     pub fn in_features(&self) -> usize {
-        self.values.meta.shape().dims::<2>()[1]
+        match &self.inner {
+            Inner::Q8 { values, .. } => values.meta.shape().dims::<2>()[1],
+            Inner::Blocks { layout, .. } => layout.cols(),
+        }
     }
 
     /// The client the buffers live on.
     pub fn client(&self) -> &Client {
-        &self.values.client
+        &self.tensor().client
     }
 
-    /// Device bytes of its values and scales.
+    /// Device bytes of its values and scales, or of its blocks.
     pub fn bytes(&self) -> u64 {
-        self.values.handle.size_in_used() + self.scales.handle.size_in_used()
+        match &self.inner {
+            Inner::Q8 { values, scales } => {
+                values.handle.size_in_used() + scales.handle.size_in_used()
+            }
+            Inner::Blocks { bytes, .. } => bytes.handle.size_in_used(),
+        }
+    }
+
+    /// What its rows hold: `"q8"`, or the GGUF block type's name.
+    pub fn format(&self) -> &'static str {
+        match &self.inner {
+            Inner::Q8 { .. } => "q8",
+            Inner::Blocks { layout, .. } => layout.ty().name(),
+        }
+    }
+
+    /// The block kernels' binding of the weight with an addend and output, or `None` for q8.
+    fn block_part<'a>(
+        &'a self,
+        bias: Option<dot::Addend<'a>>,
+        y: &'a Handle,
+    ) -> Option<BlockPart<'a>> {
+        match &self.inner {
+            Inner::Q8 { .. } => None,
+            Inner::Blocks { bytes, layout } => Some(BlockPart {
+                bytes: &bytes.handle,
+                layout: *layout,
+                out: self.out_features(),
+                bias,
+                y,
+            }),
+        }
     }
 }
 
@@ -244,7 +318,14 @@ pub unsafe fn fused_products<P: Prologue>(
     check_prologue(client, &input, inp)?;
     // SAFETY: `checked` checked the sizes, widths and addends (see `launch`), and the input's
     // buffers hold the lengths given; the caller vouches that `P` reads within them.
-    unsafe { fused::launch::<P>(client, input, rows, inp, &kernel_parts) };
+    match kernel_parts {
+        Parts::Q8(kernel_parts) => unsafe {
+            fused::launch::<P>(client, input, rows, inp, &kernel_parts)
+        },
+        Parts::Blocks(kernel_parts) => unsafe {
+            blocks::launch::<P>(client, input, rows, inp, &kernel_parts)
+        },
+    }
     Ok(())
 }
 
@@ -284,21 +365,40 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
     }
     check_prologue(a.client(), &input, inp)?;
     check("split", split, split_words(rows, out))?;
-    let buffers = |w: &'a DirectWeight| (&w.values.handle, &w.scales.handle);
-    // SAFETY: the shapes (`DirectWeight::new` checked the dtypes and contiguity), the split's
-    // size and the input's lengths were checked above; the caller vouches that `P` reads
-    // within them and that `split` is not an input.
-    unsafe {
-        paired::launch::<P, C>(
-            a.client(),
-            input,
-            rows,
-            inp,
-            [buffers(a), buffers(b)],
-            out,
-            split,
-        )
-    };
+    // SAFETY: the shapes (`DirectWeight::new` and `DirectWeight::blocks` checked the dtypes,
+    // contiguity and layouts), the split's size and the input's lengths were checked above;
+    // the caller vouches that `P` reads within them and that `split` is not an input.
+    match (&a.inner, &b.inner) {
+        (
+            Inner::Q8 {
+                values: va,
+                scales: sa,
+            },
+            Inner::Q8 {
+                values: vb,
+                scales: sb,
+            },
+        ) => unsafe {
+            paired::launch::<P, C>(
+                a.client(),
+                input,
+                rows,
+                inp,
+                [(&va.handle, &sa.handle), (&vb.handle, &sb.handle)],
+                out,
+                split,
+            )
+        },
+        _ => {
+            let (Some(pa), Some(pb)) = (a.block_part(None, split), b.block_part(None, split))
+            else {
+                return Err(DirectError::Parts(
+                    "paired products over a q8 and a block weight".into(),
+                ));
+            };
+            unsafe { blocks::launch_paired::<P, C>(a.client(), input, rows, inp, [pa, pb], split) }
+        }
+    }
     Ok(())
 }
 
@@ -316,16 +416,21 @@ pub fn staged_product(
     product: Product<'_>,
 ) -> Result<(), DirectError> {
     let len = split_words(rows, product.weight.in_features());
-    let input = PrologueInput {
+    let input = staged_input(split, len);
+    // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the weight's
+    // width, within the `len` words checked against the buffer.
+    unsafe { fused_products::<StagedSplit>(input, rows, &[product]) }
+}
+
+/// A split of `len` words in memory as [`StagedSplit`] reads it.
+fn staged_input(split: &Handle, len: usize) -> PrologueInput<'_> {
+    PrologueInput {
         first: split,
         first_len: len,
         second: split,
         second_len: len,
         scalar: 0.0,
-    };
-    // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the weight's
-    // width, within the `len` words checked against the buffer.
-    unsafe { fused_products::<StagedSplit>(input, rows, &[product]) }
+    }
 }
 
 /// Whether a prologue's product takes rows of `inp` values on `client`'s device (at most
@@ -346,12 +451,18 @@ fn check_prologue(
     check("prologue input", input.second, input.second_len)
 }
 
+/// The kernels' descriptions of a launch's parts: all q8, or all blocks.
+enum Parts<'a> {
+    Q8(Vec<dot::Part<'a>>),
+    Blocks(Vec<BlockPart<'a>>),
+}
+
 /// The parts' weights' client and width and their kernel descriptions, once every output and
 /// addend holds what `rows` rows need and the parts agree.
 fn checked<'a>(
     rows: usize,
     parts: &[Product<'a>],
-) -> Result<(&'a Client, usize, Vec<dot::Part<'a>>), DirectError> {
+) -> Result<(&'a Client, usize, Parts<'a>), DirectError> {
     let Some(first) = parts.first() else {
         return Err(DirectError::Parts("no products".into()));
     };
@@ -376,15 +487,28 @@ fn checked<'a>(
             check("addend", b, p.add.len(rows, out))?;
         }
     }
-    let kernel_parts = parts
+    let q8: Option<Vec<_>> = parts
         .iter()
-        .map(|p| dot::Part {
-            values: &p.weight.values,
-            scales: &p.weight.scales,
-            bias: p.add.kernel(),
-            y: p.y,
+        .map(|p| match &p.weight.inner {
+            Inner::Q8 { values, scales } => Some(dot::Part {
+                values,
+                scales,
+                bias: p.add.kernel(),
+                y: p.y,
+            }),
+            Inner::Blocks { .. } => None,
         })
         .collect();
+    let kernel_parts = match q8 {
+        Some(q8) => Parts::Q8(q8),
+        None => Parts::Blocks(
+            parts
+                .iter()
+                .map(|p| p.weight.block_part(p.add.kernel(), p.y))
+                .collect::<Option<_>>()
+                .ok_or_else(|| DirectError::Parts("q8 and block weights in one launch".into()))?,
+        ),
+    };
     Ok((first.weight.client(), inp, kernel_parts))
 }
 
@@ -395,10 +519,24 @@ fn launch(
     tile: usize,
 ) -> Result<(), DirectError> {
     let (client, inp, kernel_parts) = checked(rows, parts)?;
-    check("split", split, split_words(rows, inp))?;
-    let tuning = DotTuning::default_for(tile.clamp(1, TILE));
-    // SAFETY: the sizes were checked above; every `values` is I8 `[out, in]`, contiguous, with
-    // `in % 16 == 0` (checked in `DirectWeight::new`), and the widths and addends agree.
-    unsafe { dot::launch_parts(client, split, rows, &kernel_parts, tuning, tile) };
+    let len = split_words(rows, inp);
+    check("split", split, len)?;
+    match kernel_parts {
+        Parts::Q8(kernel_parts) => {
+            let tuning = DotTuning::default_for(tile.clamp(1, TILE));
+            // SAFETY: the sizes were checked above; every `values` is I8 `[out, in]`,
+            // contiguous, with `in % 16 == 0` (checked in `DirectWeight::new`), and the widths
+            // and addends agree.
+            unsafe { dot::launch_parts(client, split, rows, &kernel_parts, tuning, tile) };
+        }
+        Parts::Blocks(kernel_parts) => {
+            // The block kernels copy the split into shared memory, row by row.
+            let input = staged_input(split, len);
+            check_prologue(client, &input, inp)?;
+            // SAFETY: `StagedSplit` reads row `t < rows` of the split, `len` words checked
+            // against the buffer; `checked` checked the parts' sizes and layouts.
+            unsafe { blocks::launch::<StagedSplit>(client, input, rows, inp, &kernel_parts) };
+        }
+    }
     Ok(())
 }

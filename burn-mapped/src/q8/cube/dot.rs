@@ -255,7 +255,7 @@ fn dot_rows(
         k += lanes;
     }
     write_rows(
-        &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, has_bias,
+        &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, true, has_bias,
         bias_each,
     );
 }

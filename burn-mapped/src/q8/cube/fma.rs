@@ -139,7 +139,8 @@ fn q8_gemm_kernel<N: Size>(
     }
 
     write_rows(
-        &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, has_bias, false,
+        &acc, scales, bias, y, t_total, out, row0, t0, tile, rows, lanes, groups, true, has_bias,
+        false,
     );
 }
 

@@ -149,12 +149,7 @@ fn fused_kernel<P: Prologue>(
 ) {
     let cube_x = CUBE_POS_X as usize;
     let z = CUBE_POS_Z;
-    let mut out = out0;
-    if z == 1 {
-        out = out1;
-    } else if z == 2 {
-        out = out2;
-    }
+    let out = part_rows(out0, out1, out2);
     // The same for every thread of the cube, so the barriers below stay uniform.
     if cube_x * groups * rows < out {
         let nblk = comptime!(n / BLOCK);
@@ -187,20 +182,32 @@ fn fused_kernel<P: Prologue>(
         if z == 0 {
             write_rows(
                 &acc, scales0, bias0, y0, t_total, out0, row0, t0, 1usize, rows, lanes, groups,
-                has_bias, bias_each,
+                true, has_bias, bias_each,
             );
         } else if z == 1 {
             write_rows(
                 &acc, scales1, bias1, y1, t_total, out1, row0, t0, 1usize, rows, lanes, groups,
-                has_bias, bias_each,
+                true, has_bias, bias_each,
             );
         } else {
             write_rows(
                 &acc, scales2, bias2, y2, t_total, out2, row0, t0, 1usize, rows, lanes, groups,
-                has_bias, bias_each,
+                true, has_bias, bias_each,
             );
         }
     }
+}
+
+/// The rows of the part `CUBE_POS_Z` picks, of up to three.
+#[cube]
+pub(super) fn part_rows(out0: usize, out1: usize, out2: usize) -> usize {
+    let mut out = out0;
+    if CUBE_POS_Z == 1 {
+        out = out1;
+    } else if CUBE_POS_Z == 2 {
+        out = out2;
+    }
+    out
 }
 
 /// A thread's weight blocks: block `lane + i * lanes` of each of its `rows` rows (at

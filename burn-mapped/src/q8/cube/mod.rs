@@ -19,6 +19,7 @@
 //! so they are ordered on Burn's stream after whatever produced `x`, with no host
 //! synchronization, on either compiler.
 
+mod blocks;
 mod common;
 pub mod direct;
 mod dot;

@@ -79,10 +79,39 @@ fn paired_kernel<P: Prologue, C: Pairing>(
     );
     sync_cube();
     let acc = dot_loaded(&wv, &xq, &xs, nblk, per, 2usize, lanes);
+    pair_and_split::<C>(
+        acc[0],
+        acc[1],
+        row_scale(scales_a, row),
+        row_scale(scales_b, row),
+        out_q,
+        out_s,
+        lanes,
+    );
+}
+
+/// Adds the lanes' partial sums `a` and `b` of each group's row of the two products, combines
+/// the row's two sums (scaled by `scale_a` and `scale_b`) through `C`, and writes the cube's
+/// sixteen as block `CUBE_POS_X` of row `CUBE_POS_Y`'s split: the end of the paired kernels,
+/// over q8 weights and over blocks.
+#[cube]
+pub(super) fn pair_and_split<C: Pairing>(
+    a: f32,
+    b: f32,
+    scale_a: f32,
+    scale_b: f32,
+    out_q: &mut [Word4],
+    out_s: &mut [f32],
+    #[comptime] lanes: usize,
+) {
+    let lane = UNIT_POS_X as usize;
+    let group = UNIT_POS_Y as usize;
+    let c = CUBE_POS_X as usize;
+    let t = CUBE_POS_Y as usize;
     let mut partial = Shared::<[f32]>::new_slice(comptime!(2 * lanes * BLOCK));
     let slot = 2 * (group * lanes + lane);
-    partial[slot] = acc[0];
-    partial[slot + 1] = acc[1];
+    partial[slot] = a;
+    partial[slot + 1] = b;
     sync_cube();
     let mut combined = Shared::<[f32]>::new_slice(BLOCK);
     if lane == 0 {
@@ -92,7 +121,7 @@ fn paired_kernel<P: Prologue, C: Pairing>(
             sa += partial[2 * (group * lanes + l)];
             sb += partial[2 * (group * lanes + l) + 1];
         }
-        combined[group] = C::combine(sa * row_scale(scales_a, row), sb * row_scale(scales_b, row));
+        combined[group] = C::combine(sa * scale_a, sb * scale_b);
     }
     sync_cube();
     if UNIT_POS == 0 {

@@ -38,6 +38,8 @@
 //! blocks (a lookup per embedding block, a product and a copy per head block); anything else
 //! decodes through tensor ops, and [`DeviceDecoder::try_new`] says why.
 
+#[cfg(all(test, feature = "gpu-tests"))]
+mod block_tests;
 mod kernels;
 #[cfg(all(test, feature = "gpu-tests"))]
 mod tests;

@@ -18,7 +18,7 @@ use super::kernels::{self, ARGMAX_PARTS, THREADS};
 use super::{ATTENTION_SPAN, Dims, Nucleus, argmax, attention_splits, sample_top_p};
 use crate::qwen2::rope;
 
-fn client() -> Option<Client> {
+pub(super) fn client() -> Option<Client> {
     let device = burn_mapped_tests::gpu::wgpu_device()?;
     let probe = Tensor::<1>::from_floats([0.0], &device);
     Some(
@@ -29,22 +29,22 @@ fn client() -> Option<Client> {
 }
 
 /// A fixed stream of values in `[-1, 1)`.
-fn values(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     XorShift::seeded(seed)
         .take(n)
         .map(|s| (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
         .collect()
 }
 
-fn upload(c: &Client, v: &[f32]) -> Handle {
+pub(super) fn upload(c: &Client, v: &[f32]) -> Handle {
     c.create_from_slice(f32::as_bytes(v))
 }
 
-fn upload_u32(c: &Client, v: &[u32]) -> Handle {
+pub(super) fn upload_u32(c: &Client, v: &[u32]) -> Handle {
     c.create_from_slice(u32::as_bytes(v))
 }
 
-fn words(c: &Client, h: &Handle) -> Vec<u32> {
+pub(super) fn words(c: &Client, h: &Handle) -> Vec<u32> {
     let bytes = c.read_one(h.clone()).expect("read back");
     bytes
         .chunks_exact(4)
@@ -52,12 +52,12 @@ fn words(c: &Client, h: &Handle) -> Vec<u32> {
         .collect()
 }
 
-fn floats(c: &Client, h: &Handle) -> Vec<f32> {
+pub(super) fn floats(c: &Client, h: &Handle) -> Vec<f32> {
     words(c, h).into_iter().map(f32::from_bits).collect()
 }
 
 /// The values a split of `n` values stands for, and each value's block scale.
-fn unsplit(words: &[u32], n: usize) -> Vec<(f64, f64)> {
+pub(super) fn unsplit(words: &[u32], n: usize) -> Vec<(f64, f64)> {
     let blocks = n / 16;
     let byte = |plane: usize, i: usize| {
         let word = words[plane * 4 * blocks + i / 4];
@@ -84,7 +84,7 @@ fn assert_split_close(got: &[(f64, f64)], want: &[f64], what: &str) {
 }
 
 /// RMSNorm of each row of `x` (rows of `w.len()` values) with weight `w`, in f64.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
+pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     let n = w.len();
     x.chunks_exact(n)
         .flat_map(|row| {
@@ -95,6 +95,32 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
                 .map(move |(&x, &w)| f64::from(x) * inv * f64::from(w))
         })
         .collect()
+}
+
+/// `rows` rows of `n` values for a norm, the rows after the first a thousandth of its
+/// magnitude, and the norm's weights around 1.
+pub(super) fn norm_rows(rows: usize, n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut x: Vec<f32> = values(rows * n, seed).iter().map(|v| 3.0 * v).collect();
+    x[n..].iter_mut().for_each(|v| *v *= 1e-3);
+    let w = values(n, seed + 1).iter().map(|v| 1.0 + 0.5 * v).collect();
+    (x, w)
+}
+
+/// The norm's input: `rows` rows of `n` in `x`, its `n` weights in `w`.
+pub(super) fn norm_input<'a>(
+    x: &'a Handle,
+    w: &'a Handle,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> PrologueInput<'a> {
+    PrologueInput {
+        first: x,
+        first_len: rows * n,
+        second: w,
+        second_len: n,
+        scalar: eps,
+    }
 }
 
 #[test]
@@ -125,6 +151,30 @@ fn rms_split_is_the_norm_within_the_split() {
         let want = rms_norm(&x[n..], &w, eps);
         assert_split_close(&unsplit(&words(&c, &out), 2 * n), &want, "rms");
     }
+}
+
+/// The values of the split `words` of `silu(gate) * up` (`len` of them), each checked against
+/// the f64 products `g` and `u` and their bounds: `|silu'| < 1.1`, so the error is at most
+/// `1.1 |u| dg + |silu(g)| du + dg du`, plus the split's half step.
+pub(super) fn assert_silu_mul(
+    words: &[u32],
+    len: usize,
+    g: &[(f64, f64)],
+    u: &[(f64, f64)],
+    what: &str,
+) -> Vec<f64> {
+    let silu = |g: f64| g / (1.0 + (-g).exp());
+    let got = unsplit(words, len);
+    for (i, ((&(value, step), &(g, dg)), &(u, du))) in got.iter().zip(g).zip(u).enumerate() {
+        let want = silu(g) * u;
+        let bound = 1.1 * u.abs() * dg + silu(g).abs() * du + dg * du + step / 2.0;
+        let bound = bound + 1e-5 * want.abs().max(step);
+        assert!(
+            (value - want).abs() <= bound,
+            "{what} silu(gate) * up [{i}]: {value} against {want} (bound {bound:e})"
+        );
+    }
+    got.into_iter().map(|(value, _)| value).collect()
 }
 
 /// A q8 weight `[out, inp]` quantized from a fixed stream, on the tests' wgpu device, and its
@@ -164,7 +214,7 @@ fn product_bounds(x: &[f64], q: &[f64], s: &[f64], inp: usize) -> Vec<(f64, f64)
         .collect()
 }
 
-fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
+pub(super) fn assert_within(got: &[f32], want: &[(f64, f64)], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &(w, bound))) in got.iter().zip(want).enumerate() {
         let err = (f64::from(g) - w).abs();
@@ -182,9 +232,7 @@ fn fused_norm_products_match_the_f64_reference() {
     // row counts that leave cubes part-full (with biases, as q, k and v), the widest with rows
     // enough for two rows per thread, on rows of unequal magnitude.
     let (n, rows, eps) = (896usize, 2usize, 1e-6f32);
-    let mut x: Vec<f32> = values(rows * n, 40).iter().map(|v| 3.0 * v).collect();
-    x[n..].iter_mut().for_each(|v| *v *= 1e-3);
-    let w: Vec<f32> = values(n, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let (x, w) = norm_rows(rows, n, 40);
     let outs = [2056usize, 40, 24];
     let weights: Vec<_> = outs
         .iter()
@@ -209,13 +257,7 @@ fn fused_norm_products_match_the_f64_reference() {
             y: &ys[i],
         })
         .collect();
-    let input = PrologueInput {
-        first: &xh,
-        first_len: rows * n,
-        second: &wh,
-        second_len: n,
-        scalar: eps,
-    };
+    let input = norm_input(&xh, &wh, rows, n, eps);
     // SAFETY: the norm reads `rows` rows of `n` and `n` weights, the lengths given.
     unsafe { fused_products::<kernels::NormInput>(input, rows, &parts) }.expect("launch");
     let normed = rms_norm(&x, &w, eps);
@@ -235,9 +277,7 @@ fn paired_gate_up_and_staged_down_match_the_f64_reference() {
     // 4864 wide (304 blocks: two per thread of its cubes), two rows of unequal magnitude, the
     // down projection adding a residual.
     let (n, inter, out, rows, eps) = (896usize, 4864usize, 40usize, 2usize, 1e-6f32);
-    let mut x: Vec<f32> = values(rows * n, 60).iter().map(|v| 3.0 * v).collect();
-    x[n..].iter_mut().for_each(|v| *v *= 1e-3);
-    let w: Vec<f32> = values(n, 61).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let (x, w) = norm_rows(rows, n, 60);
     let (gate, gq, gs) = q8_weight(inter, n, 62);
     let (up, uq, us) = q8_weight(inter, n, 63);
     let (down, dq, ds) = q8_weight(out, inter, 64);
@@ -245,13 +285,7 @@ fn paired_gate_up_and_staged_down_match_the_f64_reference() {
     let (xh, wh, rh) = (upload(&c, &x), upload(&c, &w), upload(&c, &residual));
     let split = upload_u32(&c, &vec![0x7FC0_0000; split_words(rows, inter)]);
     let y = upload(&c, &vec![f32::NAN; rows * out]);
-    let input = PrologueInput {
-        first: &xh,
-        first_len: rows * n,
-        second: &wh,
-        second_len: n,
-        scalar: eps,
-    };
+    let input = norm_input(&xh, &wh, rows, n, eps);
     // SAFETY: the norm reads `rows` rows of `n` and `n` weights, the lengths given.
     unsafe {
         paired_products::<kernels::NormInput, kernels::SiluMul>(input, rows, &gate, &up, &split)
@@ -262,19 +296,7 @@ fn paired_gate_up_and_staged_down_match_the_f64_reference() {
         product_bounds(&normed, &gq, &gs, n),
         product_bounds(&normed, &uq, &us, n),
     );
-    // silu(g) * u within the products' bounds: |silu'| < 1.1, so the error is at most
-    // 1.1 |u| dg + |silu(g)| du + dg du, plus the split's half step.
-    let silu = |g: f64| g / (1.0 + (-g).exp());
-    let got = unsplit(&words(&c, &split), rows * inter);
-    for (i, ((&(value, step), &(g, dg)), &(u, du))) in got.iter().zip(&g).zip(&u).enumerate() {
-        let want = silu(g) * u;
-        let bound = 1.1 * u.abs() * dg + silu(g).abs() * du + dg * du + step / 2.0;
-        let bound = bound + 1e-5 * want.abs().max(step);
-        assert!(
-            (value - want).abs() <= bound,
-            "silu(gate) * up [{i}]: {value} against {want} (bound {bound:e})"
-        );
-    }
+    let got = assert_silu_mul(&words(&c, &split), rows * inter, &g, &u, "q8");
     let product = Product {
         weight: &down,
         add: Addend::Residual(&rh),
@@ -282,8 +304,7 @@ fn paired_gate_up_and_staged_down_match_the_f64_reference() {
     };
     staged_product(&split, rows, product).expect("launch");
     // The split's values are the down projection's exact input.
-    let act: Vec<f64> = got.iter().map(|&(value, _)| value).collect();
-    let mut want = product_bounds(&act, &dq, &ds, inter);
+    let mut want = product_bounds(&got, &dq, &ds, inter);
     for (value, r) in want.iter_mut().zip(&residual) {
         value.0 += f64::from(*r);
     }

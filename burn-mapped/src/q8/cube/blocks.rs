@@ -1,0 +1,561 @@
+//! The fused products ([`super::fused`], [`super::paired`]) over a GGUF's own blocks: Q8_0,
+//! Q5_0, Q4_K and Q6_K rows read on the device as the file stores them, against the same
+//! split of the activations as the q8 kernels.
+//!
+//! Why: at 7B the q8 store reads 1.6× the bytes of the Q4_K_M blocks it was made from, and a
+//! decode step is bound by the bytes it reads. Here nothing is converted: the weight is the
+//! tensor's bytes, bound as words.
+//!
+//! A thread takes a row's blocks in units of 32 values that one load of 16 quant bytes covers
+//! (a Q8_0 or Q5_0 block; a Q4_K sub-block pair's 16 bytes of nibbles; a Q6_K quarter's low and
+//! high nibbles with their two high bits), each unit two blocks of 16 of the split. Within a
+//! block of 16 the weight is `a * q - m` with small integers `q` (4 to 8 bits) and f32 `a`
+//! and `m` from the block's scales, so its product with the split is
+//! `s * (a * sum(q * x) - m * sum(x))` over the block's integer activations `x`: the two sums
+//! are `dp4a` chains, exact in i32, and the block's scale `s` and `a`, `m` apply once.
+//! Rows and blocks start on 2-byte boundaries (Q8_0, Q5_0 and Q6_K blocks are 34, 22 and
+//! 210 bytes), so a word at an offset of 2 is put together from two.
+
+use burn_cubecl::cubecl;
+use cubecl::client::Client;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::common::{f16_bits_to_f32, grid, write_rows, zeros};
+use super::dot::{Addend, Word4};
+use super::fused::{Prologue, PrologueInput, part_rows};
+use super::paired::{Pairing, pair_and_split};
+use crate::gguf::{BlockLayout, GgmlType};
+use crate::q8::split::SPLIT_BLOCK as BLOCK;
+use crate::q8::tuning::DotTuning;
+
+/// ggml's type ids, as the kernels are compiled for them.
+const Q5_0: u32 = 6;
+const Q8_0: u32 = 8;
+const Q4_K: u32 = 12;
+const Q6_K: u32 = 14;
+
+/// Values in a unit: what one 16-byte load of quants covers.
+const UNIT: usize = 32;
+
+/// The kernels' id of `layout`'s type, or `None` for a type they do not read.
+pub(super) fn kind(layout: BlockLayout) -> Option<u32> {
+    match layout.ty() {
+        GgmlType::Q8_0 => Some(Q8_0),
+        GgmlType::Q5_0 => Some(Q5_0),
+        GgmlType::Q4_K => Some(Q4_K),
+        GgmlType::Q6_K => Some(Q6_K),
+        _ => None,
+    }
+}
+
+/// Bytes in a row of `n` values of the type with id `kind`.
+fn row_bytes(kind: u32, n: usize) -> usize {
+    match kind {
+        Q8_0 => n / 32 * 34,
+        Q5_0 => n / 32 * 22,
+        Q4_K => n / 256 * 144,
+        _ => n / 256 * 210,
+    }
+}
+
+/// The word at byte `o` (even) of `w`: one word, or the halves of two.
+#[cube]
+fn word_at(w: &[u32], o: usize) -> u32 {
+    let i = o / 4;
+    let mut v = w[i];
+    if o % 4 == 2 {
+        v = (v >> 16) | (w[i + 1] << 16);
+    }
+    v
+}
+
+/// The f16 at byte `o` (even) of `w`, as f32.
+#[cube]
+fn f16_at(w: &[u32], o: usize) -> f32 {
+    f16_bits_to_f32((w[o / 4] >> (8 * (o % 4)) as u32) & 0xFFFFu32)
+}
+
+/// The byte at `o` of `w`.
+#[cube]
+fn byte_at(w: &[u32], o: usize) -> u32 {
+    (w[o / 4] >> (8 * (o % 4)) as u32) & 255u32
+}
+
+/// `s * (a * sum(q * x) - m * sum(x))` over block `blk` of the split in `xq`/`xs` (`nblk`
+/// blocks a plane) and the 16 int8 `q` in the four words of `v`; without `offset`, `m` is not
+/// read.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn block_dot(
+    v: &Array<u32>,
+    xq: &[Word4],
+    xs: &[f32],
+    blk: usize,
+    a: f32,
+    m: f32,
+    #[comptime] nblk: usize,
+    #[comptime] offset: bool,
+) -> f32 {
+    let hi = xq[blk];
+    let lo = xq[nblk + blk];
+    let mut r = a * f32::cast_from(split_dot(v[0], v[1], v[2], v[3], hi, lo));
+    if comptime!(offset) {
+        let ones = 0x0101_0101u32;
+        r -= m * f32::cast_from(split_dot(ones, ones, ones, ones, hi, lo));
+    }
+    xs[blk] * r
+}
+
+/// `sum(q * x)` over 16 int8 `q` (four words) and the split's integers `x = 256 hi + lo`:
+/// `|256 h + lo-sum| <= 16 * 128 * 32639`, exact in i32.
+#[cube]
+fn split_dot(w0: u32, w1: u32, w2: u32, w3: u32, hi: Word4, lo: Word4) -> i32 {
+    let w0 = i32::reinterpret(w0);
+    let w1 = i32::reinterpret(w1);
+    let w2 = i32::reinterpret(w2);
+    let w3 = i32::reinterpret(w3);
+    let mut h = dp4a(w0, hi.extract(0usize), 0i32);
+    h = dp4a(w1, hi.extract(1usize), h);
+    h = dp4a(w2, hi.extract(2usize), h);
+    h = dp4a(w3, hi.extract(3usize), h);
+    let mut q = dp4a(w0, lo.extract(0usize), h << 8);
+    q = dp4a(w1, lo.extract(1usize), q);
+    q = dp4a(w2, lo.extract(2usize), q);
+    dp4a(w3, lo.extract(3usize), q)
+}
+
+/// Bits 0..4 of `x` moved to bit 4 of bytes 0..4: a Q5_0 quant's fifth bit, four at a time.
+#[cube]
+fn spread4(x: u32) -> u32 {
+    ((x & 1u32) << 4) | ((x & 2u32) << 11) | ((x & 4u32) << 18) | ((x & 8u32) << 25)
+}
+
+/// A Q4_K sub-block's 6-bit scale and minimum (`j < 8`) from the 12 bytes at `o`, as
+/// `scale | minimum << 8`.
+#[cube]
+fn q4k_scale_min(w: &[u32], o: usize, j: usize) -> u32 {
+    let b = byte_at(w, o + j + 4);
+    let mut sc = byte_at(w, o + j) & 63u32;
+    let mut mn = b & 63u32;
+    if j >= 4 {
+        sc = (b & 15u32) | ((byte_at(w, o + j - 4) >> 6) << 4);
+        mn = (b >> 4) | ((byte_at(w, o + j) >> 6) << 4);
+    }
+    sc | (mn << 8)
+}
+
+/// Unit `k` of the row at byte `base`, of type `kind`, times the split: its two blocks of 16.
+#[cube]
+fn unit_dot(
+    w: &[u32],
+    base: usize,
+    k: usize,
+    xq: &[Word4],
+    xs: &[f32],
+    #[comptime] nblk: usize,
+    #[comptime] kind: u32,
+) -> f32 {
+    let mut lo = Array::<u32>::new(4usize);
+    let mut hi = Array::<u32>::new(4usize);
+    let mut r = 0.0f32;
+    if comptime!(kind == Q8_0) {
+        let o = base + 34 * k;
+        let d = f16_at(w, o);
+        #[unroll]
+        for i in 0..4usize {
+            lo[i] = word_at(w, o + 2 + 4 * i);
+            hi[i] = word_at(w, o + 18 + 4 * i);
+        }
+        r += block_dot(&lo, xq, xs, 2 * k, d, 0.0, nblk, false)
+            + block_dot(&hi, xq, xs, 2 * k + 1, d, 0.0, nblk, false);
+    } else if comptime!(kind == Q5_0) {
+        let o = base + 22 * k;
+        let d = f16_at(w, o);
+        let qh = word_at(w, o + 2);
+        #[unroll]
+        for i in 0..4usize {
+            let q = word_at(w, o + 6 + 4 * i);
+            lo[i] = (q & 0x0F0F_0F0Fu32) | spread4((qh >> (4 * i) as u32) & 15u32);
+            hi[i] = ((q >> 4) & 0x0F0F_0F0Fu32) | spread4((qh >> (16 + 4 * i) as u32) & 15u32);
+        }
+        r += block_dot(&lo, xq, xs, 2 * k, d, 16.0 * d, nblk, true)
+            + block_dot(&hi, xq, xs, 2 * k + 1, d, 16.0 * d, nblk, true);
+    } else if comptime!(kind == Q4_K) {
+        // Unit u of 8 in a super-block: pair p of sub-blocks (2p, 2p + 1), half h of each.
+        let s = k / 8;
+        let u = k % 8;
+        let p = u / 2;
+        let h = u % 2;
+        let o = base + 144 * s;
+        let dm = w[o / 4];
+        let d = f16_bits_to_f32(dm & 0xFFFFu32);
+        let dmin = f16_bits_to_f32(dm >> 16);
+        let sm0 = q4k_scale_min(w, o + 4, 2 * p);
+        let sm1 = q4k_scale_min(w, o + 4, 2 * p + 1);
+        let at = (o + 16 + 32 * p + 16 * h) / 4;
+        #[unroll]
+        for i in 0..4usize {
+            let q = w[at + i];
+            lo[i] = q & 0x0F0F_0F0Fu32;
+            hi[i] = (q >> 4) & 0x0F0F_0F0Fu32;
+        }
+        let b = 16 * s + 4 * p + h;
+        r += block_dot(
+            &lo,
+            xq,
+            xs,
+            b,
+            d * f32::cast_from(sm0 & 255u32),
+            dmin * f32::cast_from(sm0 >> 8),
+            nblk,
+            true,
+        ) + block_dot(
+            &hi,
+            xq,
+            xs,
+            b + 2,
+            d * f32::cast_from(sm1 & 255u32),
+            dmin * f32::cast_from(sm1 >> 8),
+            nblk,
+            true,
+        );
+    } else {
+        // Q6_K, unit u of 8: half n of the super-block, quarter pair g (g and g + 2 share
+        // their low-bit bytes), half h of each quarter.
+        let s = k / 8;
+        let u = k % 8;
+        let n = u / 4;
+        let g = (u / 2) % 2;
+        let h = u % 2;
+        let o = base + 210 * s;
+        let d = f16_at(w, o + 208);
+        let ql = o + 64 * n + 32 * g + 16 * h;
+        let qh = o + 128 + 32 * n + 16 * h;
+        let shift = (2 * g) as u32;
+        #[unroll]
+        for i in 0..4usize {
+            let l = word_at(w, ql + 4 * i);
+            let t = word_at(w, qh + 4 * i);
+            lo[i] = (l & 0x0F0F_0F0Fu32) | (((t >> shift) & 0x0303_0303u32) << 4);
+            hi[i] = ((l >> 4) & 0x0F0F_0F0Fu32) | (((t >> (shift + 4)) & 0x0303_0303u32) << 4);
+        }
+        let b = 8 * n + 2 * g + h;
+        // The scales are int8: sign-extended through the top byte.
+        let a0 = d * f32::cast_from(i32::reinterpret(byte_at(w, o + 192 + b) << 24) >> 24);
+        let a1 = d * f32::cast_from(i32::reinterpret(byte_at(w, o + 196 + b) << 24) >> 24);
+        r += block_dot(&lo, xq, xs, 16 * s + b, a0, 32.0 * a0, nblk, true)
+            + block_dot(&hi, xq, xs, 16 * s + b + 4, a1, 32.0 * a1, nblk, true);
+    }
+    r
+}
+
+/// Adds this thread's units of `rows` rows from `row0` (a row past `out` reads the last) into
+/// `acc`: unit `lane + i * lanes` of each.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn rows_dot(
+    w: &[u32],
+    row0: usize,
+    out: usize,
+    xq: &[Word4],
+    xs: &[f32],
+    acc: &mut Array<f32>,
+    #[comptime] n: usize,
+    #[comptime] kind: u32,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+) {
+    let units = comptime!(n / UNIT);
+    let nblk = comptime!(n / BLOCK);
+    let stride = comptime!(row_bytes(kind, n));
+    let mut k = UNIT_POS_X as usize;
+    while k < units {
+        #[unroll]
+        for r in 0..rows {
+            let mut row = row0 + r;
+            if row >= out {
+                row = out - 1;
+            }
+            acc[r] += unit_dot(w, row * stride, k, xq, xs, nblk, kind);
+        }
+        k += lanes;
+    }
+}
+
+/// [`fused_kernel`](super::fused) over blocks: one to three products of the computed input,
+/// `CUBE_POS_Z` picking the weight, each compiled for its own block type.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn block_fused_kernel<P: Prologue>(
+    first: &[f32],
+    second: &[f32],
+    scalar: f32,
+    w0: &[u32],
+    bias0: &[f32],
+    y0: &mut [f32],
+    out0: usize,
+    w1: &[u32],
+    bias1: &[f32],
+    y1: &mut [f32],
+    out1: usize,
+    w2: &[u32],
+    bias2: &[f32],
+    y2: &mut [f32],
+    out2: usize,
+    t_total: usize,
+    #[comptime] n: usize,
+    #[comptime] k0: u32,
+    #[comptime] k1: u32,
+    #[comptime] k2: u32,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
+) {
+    let cube_x = CUBE_POS_X as usize;
+    let z = CUBE_POS_Z;
+    let out = part_rows(out0, out1, out2);
+    // The same for every thread of the cube, so the barriers below stay uniform.
+    if cube_x * groups * rows < out {
+        let nblk = comptime!(n / BLOCK);
+        let mut xq = Shared::<[Word4]>::new_slice(comptime!(2 * nblk));
+        let mut xs = Shared::<[f32]>::new_slice(nblk);
+        P::split_row(
+            first,
+            second,
+            scalar,
+            CUBE_POS_Y as usize,
+            &mut xq,
+            &mut xs,
+            n,
+            lanes * groups,
+        );
+        sync_cube();
+        let row0 = (cube_x * groups + UNIT_POS_Y as usize) * rows;
+        let t0 = CUBE_POS_Y as usize;
+        let mut acc = zeros(rows);
+        if z == 0 {
+            rows_dot(w0, row0, out0, &xq, &xs, &mut acc, n, k0, rows, lanes);
+            write_rows(
+                &acc, w0, bias0, y0, t_total, out0, row0, t0, 1usize, rows, lanes, groups, false,
+                has_bias, bias_each,
+            );
+        } else if z == 1 {
+            rows_dot(w1, row0, out1, &xq, &xs, &mut acc, n, k1, rows, lanes);
+            write_rows(
+                &acc, w1, bias1, y1, t_total, out1, row0, t0, 1usize, rows, lanes, groups, false,
+                has_bias, bias_each,
+            );
+        } else {
+            rows_dot(w2, row0, out2, &xq, &xs, &mut acc, n, k2, rows, lanes);
+            write_rows(
+                &acc, w2, bias2, y2, t_total, out2, row0, t0, 1usize, rows, lanes, groups, false,
+                has_bias, bias_each,
+            );
+        }
+    }
+}
+
+/// [`paired_kernel`](super::paired) over blocks: cube `(c, t)` computes rows
+/// `16 c..16 c + 16` of both products and writes the combination's block `c` of row `t`'s split.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn block_paired_kernel<P: Prologue, C: Pairing>(
+    first: &[f32],
+    second: &[f32],
+    scalar: f32,
+    wa: &[u32],
+    wb: &[u32],
+    out_q: &mut [Word4],
+    out_s: &mut [f32],
+    #[comptime] n: usize,
+    #[comptime] ka: u32,
+    #[comptime] kb: u32,
+    #[comptime] lanes: usize,
+) {
+    let nblk = comptime!(n / BLOCK);
+    let t = CUBE_POS_Y as usize;
+    let row = CUBE_POS_X as usize * BLOCK + UNIT_POS_Y as usize;
+    let mut xq = Shared::<[Word4]>::new_slice(comptime!(2 * nblk));
+    let mut xs = Shared::<[f32]>::new_slice(nblk);
+    P::split_row(
+        first,
+        second,
+        scalar,
+        t,
+        &mut xq,
+        &mut xs,
+        n,
+        comptime!(lanes * BLOCK),
+    );
+    sync_cube();
+    let mut a = zeros(1usize);
+    let mut b = zeros(1usize);
+    let out = CUBE_COUNT_X as usize * BLOCK;
+    rows_dot(wa, row, out, &xq, &xs, &mut a, n, ka, 1usize, lanes);
+    rows_dot(wb, row, out, &xq, &xs, &mut b, n, kb, 1usize, lanes);
+    pair_and_split::<C>(a[0], b[0], 1.0, 1.0, out_q, out_s, lanes);
+}
+
+/// The launch shape over `out` rows of `inp` values: lanes double from 8 while a lane would
+/// take more than four units of a row, up to 256; a cube has 128 threads, or 256 once a row
+/// takes 32 lanes; two rows a group where there are rows enough.
+fn shape(out: usize, inp: usize) -> DotTuning {
+    let units = inp / UNIT;
+    let mut lanes = 8;
+    while lanes < 256 && units > 4 * lanes {
+        lanes *= 2;
+    }
+    let threads = if lanes >= 32 { 256 } else { 128 };
+    DotTuning {
+        lanes,
+        groups: (threads / lanes).max(1),
+        rows: if out >= 2048 { 2 } else { 1 },
+        unroll: 1,
+    }
+}
+
+/// A block weight as the kernels bind it, and in a product, its addend and output.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BlockPart<'a> {
+    /// The tensor's bytes, `out` rows of its layout's row bytes, in a buffer of whole words.
+    pub(super) bytes: &'a Handle,
+    /// What they hold.
+    pub(super) layout: BlockLayout,
+    /// Its rows.
+    pub(super) out: usize,
+    /// What a product adds (unused by the paired kernel).
+    pub(super) bias: Option<Addend<'a>>,
+    /// A product's output, `t * out` f32 (unused by the paired kernel).
+    pub(super) y: &'a Handle,
+}
+
+impl BlockPart<'_> {
+    fn words(&self) -> usize {
+        (self.out * self.layout.row_bytes()).div_ceil(4)
+    }
+
+    fn kind(&self) -> u32 {
+        kind(self.layout).expect("a block type the kernels read, checked by the caller")
+    }
+}
+
+/// [`fused::launch`](super::fused) over block weights, each part with its addend and output.
+///
+/// # Safety
+///
+/// As for the q8 launch; each weight's bytes hold `out` rows of its layout over `n` values
+/// (`n % 256 == 0` for Q4_K/Q6_K, `n % 32 == 0` otherwise) in whole words, of a type [`kind`]
+/// names.
+pub(super) unsafe fn launch<P: Prologue>(
+    client: &Client,
+    input: PrologueInput<'_>,
+    t: usize,
+    n: usize,
+    parts: &[BlockPart<'_>],
+) {
+    assert!((1..=3).contains(&parts.len()), "1 to 3 products per launch");
+    let widest = parts.iter().map(|w| w.out).max().unwrap_or(0);
+    let tuning = shape(widest, n);
+    let has_bias = parts[0].bias.is_some();
+    let bias_each = parts[0].bias.is_some_and(|b| b.each);
+    let (count, dim) = grid(widest, t, 1, tuning.lanes, tuning.groups, tuning.rows);
+    let CubeCount::Static(x, y, _) = count else {
+        unreachable!("grid() is static")
+    };
+    let count = CubeCount::Static(x, y, parts.len() as u32);
+    let at = |i: usize| &parts[i.min(parts.len() - 1)];
+    let kinds = [at(0).kind(), at(1).kind(), at(2).kind()];
+    // SAFETY: the caller vouches for each part's lengths; the grid's third axis stops at the
+    // parts given, so a repeated last part is bound but never run.
+    let mut args = (0..3).map(|i| {
+        let w = at(i);
+        let bias_len = w.bias.map_or(1, |b| if b.each { t * w.out } else { w.out });
+        unsafe {
+            (
+                BufferArg::from_raw_parts(w.bytes.clone(), w.words()),
+                BufferArg::from_raw_parts(w.bias.map_or(w.bytes, |b| b.handle).clone(), bias_len),
+                BufferArg::from_raw_parts(w.y.clone(), t * w.out),
+                w.out,
+            )
+        }
+    });
+    let (w0, b0, y0, o0) = args.next().expect("three parts");
+    let (w1, b1, y1, o1) = args.next().expect("three parts");
+    let (w2, b2, y2, o2) = args.next().expect("three parts");
+    // SAFETY: the caller vouches for the input's lengths and the parts'; the kernel clamps
+    // every row to its part's `out`, skips cubes past it, and reads the input only through `P`.
+    unsafe {
+        block_fused_kernel::launch_unchecked::<P>(
+            client,
+            count,
+            dim,
+            BufferArg::from_raw_parts(input.first.clone(), input.first_len),
+            BufferArg::from_raw_parts(input.second.clone(), input.second_len),
+            input.scalar,
+            w0,
+            b0,
+            y0,
+            o0,
+            w1,
+            b1,
+            y1,
+            o1,
+            w2,
+            b2,
+            y2,
+            o2,
+            t,
+            n,
+            kinds[0],
+            kinds[1],
+            kinds[2],
+            tuning.rows,
+            tuning.lanes,
+            tuning.groups,
+            has_bias,
+            bias_each,
+        );
+    }
+}
+
+/// [`paired::launch`](super::paired) over two block weights of `out` rows.
+///
+/// # Safety
+///
+/// As for the q8 launch, each weight as for [`launch`]; `out % 16 == 0`.
+pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
+    client: &Client,
+    input: PrologueInput<'_>,
+    t: usize,
+    n: usize,
+    [a, b]: [BlockPart<'_>; 2],
+    split: &Handle,
+) {
+    let out = a.out;
+    let lanes = if n / UNIT > 4 * 8 { 16 } else { 8 };
+    let blocks = t * out / BLOCK;
+    // SAFETY: the caller vouches for every length: the weights' words, the split's planes
+    // `2 * blocks` vectors of four words and its `9 * blocks` f32 of which the kernel writes
+    // the last `blocks`; each cube writes its own block of each.
+    unsafe {
+        block_paired_kernel::launch_unchecked::<P, C>(
+            client,
+            CubeCount::Static((out / BLOCK) as u32, t as u32, 1),
+            CubeDim::new_2d(lanes as u32, BLOCK as u32),
+            BufferArg::from_raw_parts(input.first.clone(), input.first_len),
+            BufferArg::from_raw_parts(input.second.clone(), input.second_len),
+            input.scalar,
+            BufferArg::from_raw_parts(a.bytes.clone(), a.words()),
+            BufferArg::from_raw_parts(b.bytes.clone(), b.words()),
+            BufferArg::from_raw_parts(split.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(split.clone(), 9 * blocks),
+            n,
+            a.kind(),
+            b.kind(),
+            lanes,
+        );
+    }
+}

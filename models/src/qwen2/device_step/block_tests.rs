@@ -1,0 +1,256 @@
+//! The step's products over a GGUF's own blocks (Q8_0, Q5_0, Q4_K, Q6_K) on the first wgpu
+//! adapter, against the f64 product of the blocks as the GGUF reader decodes them, at the
+//! widths of Qwen2.5-0.5B (896, 4864) and of the 7B shape (3584) and 1.5B's MLP (8960).
+
+use burn::tensor::{DType, Int, Tensor, TensorData, f16};
+use burn_cubecl::cubecl;
+use burn_mapped::gguf::{BlockLayout, GgmlType, dequantize_to_vec, scale_offsets};
+use burn_mapped::q8::direct::{
+    Addend, DirectWeight, Product, fused_products, paired_products, split_words, staged_product,
+};
+use burn_mapped_tests::synthetic::XorShift;
+use cubecl::server::Handle;
+
+use super::kernels;
+use super::tests::{
+    assert_silu_mul, assert_within, client, floats, norm_input, norm_rows, rms_norm, unsplit,
+    upload, upload_u32, values, words,
+};
+
+/// Random `ty` blocks, `out` rows of `inp` values, each f16 scale field `0.01` times a value in
+/// `[0.5, 1)` so magnitudes stay those of a model's; on the tests' device, with their values
+/// as the GGUF reader decodes them.
+fn block_weight(ty: GgmlType, out: usize, inp: usize, seed: u64) -> (DirectWeight, Vec<f64>) {
+    let layout = BlockLayout::new(ty, inp).expect("whole blocks");
+    let mut rng = XorShift::seeded(seed);
+    let mut bytes: Vec<u8> = (0..out * layout.row_bytes())
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in bytes.chunks_exact_mut(ty.type_size() as usize) {
+        for &at in scale_offsets(ty) {
+            let s = 0.01 * (0.5 + (rng.next_u64() >> 41) as f32 / (1u64 << 24) as f32);
+            block[at..at + 2].copy_from_slice(&f16::from_f32(s).to_bits().to_le_bytes());
+        }
+    }
+    let decoded = dequantize_to_vec(ty, &bytes).expect("a type the reader decodes");
+    let device = burn_mapped_tests::gpu::wgpu_device().expect("a client implies a device");
+    let tensor = Tensor::<2, Int>::from_data(
+        TensorData::new(bytes, [out, layout.row_bytes()]),
+        (&device, DType::U8),
+    );
+    let weight = DirectWeight::blocks(&tensor, layout).expect("blocks the kernels read");
+    assert_eq!(weight.format(), ty.name());
+    (weight, decoded.into_iter().map(f64::from).collect())
+}
+
+/// `x W^T` in f64 for rows of `x` (rows of `inp`) and `w` (`[out, inp]`), each element with
+/// its bound: with `rounded`, the split's half step of each value's block (2 % margin), and
+/// f32 arithmetic at `3e-5` of `sum |x|` times each block's largest weight (a block's sums
+/// are scaled by `a` and `m` separately, each at most three times its largest `|a q - m|`).
+fn bounds(x: &[f64], w: &[f64], inp: usize, rounded: bool) -> Vec<(f64, f64)> {
+    let out = w.len() / inp;
+    x.chunks_exact(inp)
+        .flat_map(|row| {
+            let half_step: Vec<f64> = row
+                .chunks_exact(16)
+                .map(|b| b.iter().fold(0f64, |m, v| m.max(v.abs())) / 32639.0 / 2.0)
+                .collect();
+            (0..out)
+                .map(|o| {
+                    let w = &w[o * inp..][..inp];
+                    let dot: f64 = w.iter().zip(row).map(|(w, x)| w * x).sum();
+                    let mut bound = 0f64;
+                    for (b, (wb, xb)) in w.chunks_exact(16).zip(row.chunks_exact(16)).enumerate() {
+                        let wmax = wb.iter().fold(0f64, |m, v| m.max(v.abs()));
+                        let xsum: f64 = xb.iter().map(|v| v.abs()).sum();
+                        bound += 3e-5 * wmax * xsum;
+                        if rounded {
+                            bound += 1.02 * half_step[b] * wb.iter().map(|v| v.abs()).sum::<f64>();
+                        }
+                    }
+                    (dot, bound)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The split of rows of `x` (each a multiple of 16 values) as the kernels read it, made on the
+/// host: each value within half a step of its block's `max |x| / 32639`.
+fn host_split(x: &[f32]) -> Vec<u32> {
+    let blocks = x.len() / 16;
+    let mut words = vec![0u32; 9 * blocks];
+    for (b, block) in x.chunks_exact(16).enumerate() {
+        let m = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let inv = if m > 0.0 { 32639.0 / m } else { 0.0 };
+        words[8 * blocks + b] = (m / 32639.0).to_bits();
+        for (i, &v) in block.iter().enumerate() {
+            let u = ((v * inv).round().clamp(-32639.0, 32639.0) + 32896.0) as u32;
+            let (hi, lo) = (((u >> 8) ^ 0x80) & 255, ((u & 255) ^ 0x80) & 255);
+            words[4 * b + i / 4] |= hi << (8 * (i % 4));
+            words[4 * blocks + 4 * b + i / 4] |= lo << (8 * (i % 4));
+        }
+    }
+    words
+}
+
+#[test]
+fn block_products_norming_their_input_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // q, k and v as the 0.5B checkpoint holds them (Q5_0, with v in Q8_0 on half its layers)
+    // over three rows, and as the 7B one does (Q4_K, v in Q6_K) over one, the widest part with
+    // rows enough for two rows a thread; biases on all, rows of unequal magnitude.
+    let eps = 1e-6f32;
+    let cases = [
+        (
+            896usize,
+            3usize,
+            [
+                (GgmlType::Q5_0, 40usize),
+                (GgmlType::Q5_0, 24),
+                (GgmlType::Q8_0, 24),
+            ],
+        ),
+        (
+            3584,
+            1,
+            [
+                (GgmlType::Q4_K, 2056),
+                (GgmlType::Q4_K, 40),
+                (GgmlType::Q6_K, 24),
+            ],
+        ),
+    ];
+    for (case, (n, rows, parts)) in cases.into_iter().enumerate() {
+        let seed = 100 * case as u64;
+        let (x, w) = norm_rows(rows, n, seed);
+        let weights: Vec<_> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, &(ty, o))| block_weight(ty, o, n, seed + 2 + i as u64))
+            .collect();
+        let biases: Vec<Vec<f32>> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, o))| values(o, seed + 10 + i as u64))
+            .collect();
+        let (xh, wh) = (upload(&c, &x), upload(&c, &w));
+        let bh: Vec<Handle> = biases.iter().map(|b| upload(&c, b)).collect();
+        let ys: Vec<Handle> = parts
+            .iter()
+            .map(|&(_, o)| upload(&c, &vec![f32::NAN; rows * o]))
+            .collect();
+        let products: Vec<Product> = (0..3)
+            .map(|i| Product {
+                weight: &weights[i].0,
+                add: Addend::Bias(&bh[i]),
+                y: &ys[i],
+            })
+            .collect();
+        let input = norm_input(&xh, &wh, rows, n, eps);
+        // SAFETY: the norm reads `rows` rows of `n` and `n` weights, the lengths given.
+        unsafe { fused_products::<kernels::NormInput>(input, rows, &products) }.expect("launch");
+        let normed = rms_norm(&x, &w, eps);
+        for (i, ((weight, decoded), bias)) in weights.iter().zip(&biases).enumerate() {
+            let mut want = bounds(&normed, decoded, n, true);
+            for (k, (value, _)) in want.iter_mut().enumerate() {
+                *value += f64::from(bias[k % weight.out_features()]);
+            }
+            let what = format!(
+                "{} x {n}, part {i} ({})",
+                weight.out_features(),
+                weight.format()
+            );
+            assert_within(&floats(&c, &ys[i]), &want, &what);
+        }
+    }
+}
+
+#[test]
+fn paired_block_products_and_the_staged_product_after_them_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // Gate and up in the 0.5B checkpoint's Q5_0 and the 7B one's Q4_K, then a down projection
+    // from their split (Q8_0 and Q6_K) adding a residual, over three rows and one.
+    let eps = 1e-6f32;
+    let cases = [
+        (896usize, 64usize, 3usize, GgmlType::Q5_0, GgmlType::Q8_0),
+        (3584, 256, 1, GgmlType::Q4_K, GgmlType::Q6_K),
+    ];
+    for (case, (n, inter, rows, gate_up, down_ty)) in cases.into_iter().enumerate() {
+        let seed = 200 + 100 * case as u64;
+        let out = 40;
+        let (x, w) = norm_rows(rows, n, seed);
+        let (gate, gd) = block_weight(gate_up, inter, n, seed + 2);
+        let (up, ud) = block_weight(gate_up, inter, n, seed + 3);
+        let (down, dd) = block_weight(down_ty, out, inter, seed + 4);
+        let residual = values(rows * out, seed + 5);
+        let (xh, wh, rh) = (upload(&c, &x), upload(&c, &w), upload(&c, &residual));
+        let split = upload_u32(&c, &vec![0x7FC0_0000; split_words(rows, inter)]);
+        let y = upload(&c, &vec![f32::NAN; rows * out]);
+        let input = norm_input(&xh, &wh, rows, n, eps);
+        // SAFETY: the norm reads `rows` rows of `n` and `n` weights, the lengths given.
+        unsafe {
+            paired_products::<kernels::NormInput, kernels::SiluMul>(input, rows, &gate, &up, &split)
+        }
+        .expect("launch");
+        let normed = rms_norm(&x, &w, eps);
+        let (g, u) = (bounds(&normed, &gd, n, true), bounds(&normed, &ud, n, true));
+        let what = format!("{gate_up:?}");
+        let act = assert_silu_mul(&words(&c, &split), rows * inter, &g, &u, &what);
+        let product = Product {
+            weight: &down,
+            add: Addend::Residual(&rh),
+            y: &y,
+        };
+        staged_product(&split, rows, product).expect("launch");
+        let mut want = bounds(&act, &dd, inter, false);
+        for (value, r) in want.iter_mut().zip(&residual) {
+            value.0 += f64::from(*r);
+        }
+        assert_within(&floats(&c, &y), &want, &format!("{down_ty:?} down"));
+    }
+}
+
+#[test]
+fn staged_block_products_at_the_mlp_widths_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // The down projections' widths, 0.5B's 4864 in both of its down types and 1.5B's 8960
+    // (which a cube's shared memory stages on lavapipe too), three rows read from
+    // a split in memory; odd row counts over 40 outputs, a residual added.
+    let cases = [
+        (4864usize, GgmlType::Q4_K),
+        (4864, GgmlType::Q6_K),
+        (8960, GgmlType::Q4_K),
+        (8960, GgmlType::Q6_K),
+        (4864, GgmlType::Q8_0),
+        (4864, GgmlType::Q5_0),
+    ];
+    let (rows, out) = (3usize, 40usize);
+    for (case, (n, ty)) in cases.into_iter().enumerate() {
+        let seed = 500 + 10 * case as u64;
+        let mut x: Vec<f32> = values(rows * n, seed).iter().map(|v| 2.0 * v).collect();
+        x[n..2 * n].iter_mut().for_each(|v| *v *= 1e-3);
+        let (weight, decoded) = block_weight(ty, out, n, seed + 1);
+        let residual = values(rows * out, seed + 2);
+        let split = upload_u32(&c, &host_split(&x));
+        let (rh, y) = (
+            upload(&c, &residual),
+            upload(&c, &vec![f32::NAN; rows * out]),
+        );
+        let product = Product {
+            weight: &weight,
+            add: Addend::Residual(&rh),
+            y: &y,
+        };
+        staged_product(&split, rows, product).expect("launch");
+        let act: Vec<f64> = unsplit(&host_split(&x), rows * n)
+            .into_iter()
+            .map(|(value, _)| value)
+            .collect();
+        let mut want = bounds(&act, &decoded, n, false);
+        for (value, r) in want.iter_mut().zip(&residual) {
+            value.0 += f64::from(*r);
+        }
+        assert_within(&floats(&c, &y), &want, &format!("{ty:?} x {n}"));
+    }
+}
