@@ -313,7 +313,7 @@ pub fn max_binding(device: &Device) -> Option<u64> {
 
 /// The tensors of the store read only by burn-mapped's own CubeCL kernels, which bind a
 /// buffer as 32-bit words whatever its dtype: the int8 values and f16 scales of each q8
-/// matrix. Such a tensor loads on a CubeCL device even where its dtype is not a storage type
+/// matrix, and the bytes of GGUF blocks. Such a tensor loads on a CubeCL device even where its dtype is not a storage type
 /// (WGSL has no 8-bit type at all, and f16 only with an extension): the upload copies bytes,
 /// and nothing but those kernels reads them.
 fn read_as_words(manifest: &Manifest) -> HashSet<&str> {
@@ -322,6 +322,9 @@ fn read_as_words(manifest: &Manifest) -> HashSet<&str> {
         if let Some(link) = entry.quant() {
             names.insert(entry.name());
             names.insert(link.scale.as_str());
+        }
+        if entry.blocks().is_some() {
+            names.insert(entry.name());
         }
     }
     names

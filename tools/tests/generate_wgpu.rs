@@ -1,8 +1,9 @@
-//! `burn-mapped generate --device wgpu --dtype q8` on the real checkpoint, where Burn's wgpu
-//! backend compiles to WGSL: no 8-bit type (the q8 kernels read the int8 weights as 32-bit
-//! words) and, on Mesa's lavapipe, bindings of at most 128 MiB (the 545 MB f32 embedding and
-//! the 136 MB int8 LM head load as row blocks). The first greedy tokens of a reference prompt
-//! through the device step equal the float64 reference's.
+//! `burn-mapped generate --device wgpu` on the real checkpoint, read in place (its GGUF blocks
+//! uploaded as they are) and converted with `--dtype q8`, where Burn's wgpu backend compiles
+//! to WGSL: no 8-bit type (the kernels read int8 weights and blocks as 32-bit words) and, on
+//! Mesa's lavapipe, bindings of at most 128 MiB (the q8 store's 545 MB f32 embedding and 136 MB
+//! int8 LM head load as row blocks). The first greedy tokens of a reference prompt through the
+//! device step equal the float64 reference's.
 //!
 //! Needs this crate's `wgpu` feature, a wgpu adapter and the checkpoint: without the adapter
 //! or the checkpoint it says so and passes, unless `BURN_MAPPED_REQUIRE_GPU=1` or
@@ -22,14 +23,7 @@ fn generate(gguf: &std::path::Path, prompt: &RealPrompt, extra: &[&str]) -> serd
     command
         .args(["generate", "--model"])
         .arg(gguf)
-        .args([
-            "--dtype",
-            "q8",
-            "--device",
-            "wgpu",
-            "--placement",
-            "resident",
-        ])
+        .args(["--device", "wgpu", "--placement", "resident"])
         .args([
             "--max-tokens",
             &TOKENS.to_string(),
@@ -58,12 +52,12 @@ fn ids(summary: &serde_json::Value, key: &str) -> Vec<u32> {
         .collect()
 }
 
-/// The first tokens through the device step, recorded, on the reference's shortest prompt: with
-/// a cache of the prompt and the new tokens (one attention cube a head), and with a cache of 300
-/// positions, whose attention spreads each head over cubes and combines them (a sixth launch a
-/// layer).
+/// The first tokens through the device step, recorded, on the reference's shortest prompt: the
+/// GGUF's own blocks read in place (the default); and the q8 store with a cache of the prompt
+/// and the new tokens (one attention cube a head) and with a cache of 300 positions, whose
+/// attention spreads each head over cubes and combines them (a sixth launch a layer).
 #[test]
-fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
+fn generate_on_wgpu_gives_the_reference_tokens_from_blocks_and_the_q8_store() {
     let Some(gguf) = burn_mapped_tests::real_gguf() else {
         return;
     };
@@ -77,7 +71,8 @@ fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
         .min_by_key(|p| p.prompt_ids.len())
         .expect("the reference has prompts");
     let mut launches = Vec::new();
-    for extra in [&[][..], &["--ctx", "300"][..]] {
+    let runs: [&[&str]; 3] = [&[], &["--dtype", "q8"], &["--dtype", "q8", "--ctx", "300"]];
+    for extra in runs {
         let summary = generate(&gguf, prompt, extra);
         assert_eq!(
             ids(&summary, "prompt_ids"),
@@ -95,6 +90,7 @@ fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
             summary["decode_path"], "device step (recorded)",
             "{extra:?}"
         );
+        assert_eq!(summary["in_place"], extra.is_empty(), "{extra:?}");
         launches.push(summary["launches_per_token"].as_u64().unwrap());
         eprintln!(
             "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens equal the \
@@ -107,8 +103,8 @@ fn generate_on_wgpu_with_the_q8_store_gives_the_reference_tokens() {
     }
     // The split attention's combining launch, once in each of the 24 layers.
     assert_eq!(
-        launches[1],
-        launches[0] + 24,
+        launches[2],
+        launches[1] + 24,
         "launches per token: {launches:?}"
     );
 }

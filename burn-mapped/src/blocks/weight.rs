@@ -12,8 +12,10 @@ use crate::gguf::BlockLayout;
 use crate::placement::is_flex;
 use crate::store::MappedStore;
 
-/// A matrix of quantized GGUF blocks: a `u8` tensor `[out, layout.row_bytes()]` on Flex (for
-/// a store, the mapped file pages) and the layout that says what the bytes hold.
+/// A matrix of quantized GGUF blocks: a `u8` tensor `[out, layout.row_bytes()]` (on Flex, for
+/// a store, the mapped file pages; on a GPU, the bytes uploaded as they are) and the layout
+/// that says what the bytes hold. The host products and [`dequantize_rows`](Self::dequantize_rows)
+/// read it on Flex; on a CubeCL device the direct kernels do (`q8::direct::DirectWeight::blocks`).
 ///
 /// Borrowed by [`block_linear`], never consumed or written.
 #[derive(Debug, Clone)]
@@ -28,7 +30,7 @@ impl BlockWeight {
     /// # Errors
     ///
     /// [`BlockError::DType`] unless `bytes` is U8, [`BlockError::Shape`] unless its rows are
-    /// `layout.row_bytes()` long, [`BlockError::Device`] off Flex.
+    /// `layout.row_bytes()` long.
     pub fn new(bytes: Tensor<2, Int>, layout: BlockLayout) -> Result<Self, BlockError> {
         if bytes.dtype() != DType::U8 {
             return Err(BlockError::DType {
@@ -50,7 +52,6 @@ impl BlockWeight {
                 ),
             });
         }
-        check_flex("block weight", &bytes.device())?;
         Ok(Self { bytes, layout })
     }
 
@@ -114,8 +115,9 @@ impl BlockWeight {
     ///
     /// # Errors
     ///
-    /// [`BlockError::Shape`] for an id past the last row.
+    /// [`BlockError::Shape`] for an id past the last row, [`BlockError::Device`] off Flex.
     pub fn dequantize_rows(&self, ids: &[usize], out: &mut Vec<f32>) -> Result<(), BlockError> {
+        check_flex("block weight", &self.bytes.device())?;
         let rows = self.out_features();
         if let Some(&id) = ids.iter().find(|&&id| id >= rows) {
             return Err(BlockError::Shape {
@@ -128,7 +130,7 @@ impl BlockWeight {
             self.bytes
                 .clone()
                 .try_into_primitive::<Flex>()
-                .expect("checked at construction: on Flex"),
+                .expect("checked above: on Flex"),
         );
         let bytes = bytes.as_slice::<u8>().expect("u8");
         let (row_bytes, cols) = (self.layout.row_bytes(), self.layout.cols());
@@ -327,6 +329,7 @@ fn operands(
     let mut biases = Vec::with_capacity(layers.len());
     for (w, bias) in layers {
         let out = w.out_features();
+        check_flex("block weight", &w.bytes.device())?;
         if inp != w.in_features() {
             return Err(BlockError::Shape {
                 what: "block product input",

@@ -112,12 +112,6 @@ pub enum PlacementUnsupported {
          would have to stay in host memory beside device-resident norms and embeddings"
     )]
     PerUseCopyNeedsFlex(String),
-    /// The GGUF's blocks are read by host kernels.
-    #[error(
-        "a GGUF read in place runs on the cpu (its blocks are read by host kernels); for {0}, \
-         convert it first (`--dtype q8`)"
-    )]
-    GgufNeedsFlex(String),
 }
 
 /// A loaded model.
@@ -177,9 +171,6 @@ pub fn load_with(
         (Placement::Map, _) if !flex => return unsupported(PlacementUnsupported::MapNeedsFlex),
         (Placement::PerUseCopy, _) if !flex => {
             return unsupported(PlacementUnsupported::PerUseCopyNeedsFlex);
-        }
-        (_, Weights::Gguf(_)) if !flex => {
-            return unsupported(PlacementUnsupported::GgufNeedsFlex);
         }
         _ => {}
     }
@@ -251,15 +242,24 @@ fn load_weights(
         .get(EMBED_TOKENS)
         .is_some_and(|e| e.blocks().is_some())
     {
-        store.load_except(&mut model, &[EMBED_TOKENS])?;
+        let head_rows = block_head_rows(store, device, &model);
+        let left_out: &[&str] = match head_rows {
+            Some(_) => &[EMBED_TOKENS, LM_HEAD],
+            None => &[EMBED_TOKENS],
+        };
+        store.load_except(&mut model, left_out)?;
         let embed = BlockWeight::from_store(store, EMBED_TOKENS, device).map_err(|e| match e {
             burn_mapped::blocks::BlockError::Store(e) => LoadError::Store(e),
             other => LoadError::Store(Box::new(StoreError::Record(other.to_string()))),
         })?;
-        // A separate head stays the model's own projection (so a placement can stage it).
+        // A separate head stays the model's own projection (so a placement can stage it),
+        // unless the device binds it only in row blocks.
+        let head = head_rows
+            .map(|rows| block_head(store, device, &model, rows))
+            .transpose()?;
         return Ok(model.with_vocab_blocks(VocabBlocks {
             embed: VocabEmbed::Quantized(Box::new(embed)),
-            head: None,
+            head,
         })?);
     }
     let Some(rows) = vocab_block_rows(store, device, &model) else {
@@ -308,6 +308,47 @@ fn vocab_block_rows(
         .map(|e| e.len() / e.shape().first().copied().unwrap_or(1).max(1) as u64)
         .max()?;
     Some((limit / widest.max(1)).max(1) as usize)
+}
+
+/// Rows per block of a separate LM head of GGUF blocks larger than the largest buffer
+/// `device` binds (Mesa's lavapipe: 128 MiB, against the 0.5B checkpoint's 145 MB Q8_0 head);
+/// `None` when it binds whole or is not blocks.
+fn block_head_rows(
+    store: &MappedStore,
+    device: &Device,
+    model: &Qwen2ForCausalLM,
+) -> Option<usize> {
+    let limit = max_binding(device)?;
+    let entry = store.manifest().get(LM_HEAD)?;
+    let blocks = model.lm_head.as_ref().is_some_and(Projection::is_blocks);
+    let row = entry.blocks()?.row_bytes() as u64;
+    (blocks && entry.len() > limit).then(|| (limit / row.max(1)).max(1) as usize)
+}
+
+/// A separate LM head of GGUF blocks as projections over blocks of `rows` rows on `device`.
+fn block_head(
+    store: &MappedStore,
+    device: &Device,
+    model: &Qwen2ForCausalLM,
+    rows: usize,
+) -> Result<Vec<Projection>, LoadError> {
+    let layout = store
+        .manifest()
+        .get(LM_HEAD)
+        .and_then(|e| e.blocks())
+        .ok_or_else(|| StoreError::Record(format!("`{LM_HEAD}` holds no GGUF blocks")))?;
+    let vocab = model.vocab_size();
+    (0..vocab)
+        .step_by(rows)
+        .map(|start| {
+            let data = store.tensor_rows(LM_HEAD, start..(start + rows).min(vocab))?;
+            let dtype = data.dtype();
+            Ok(Projection::from_blocks(
+                Tensor::<2, Int>::from_data(data, (device, dtype)),
+                layout,
+            ))
+        })
+        .collect()
 }
 
 /// The vocabulary matrices of `store` as blocks of `rows` rows on `device`, each its own

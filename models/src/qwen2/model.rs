@@ -16,7 +16,7 @@ use super::cache::KvCache;
 use super::config::{ConfigError, Qwen2Config};
 use super::projection::{BlockLinear, Projection, Q8Linear};
 use super::rope::RopeTables;
-use super::vocab::{VocabBlocks, VocabBlocksError};
+use super::vocab::{VocabBlocks, VocabBlocksError, VocabEmbed};
 
 /// Qwen2 decoder with its language-model head.
 #[derive(Module, Debug)]
@@ -236,6 +236,26 @@ impl Qwen2ForCausalLM {
     /// A cache for `batch` sequences of up to `capacity` positions.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache {
         KvCache::new(self.model.layers.len(), batch, capacity)
+    }
+
+    /// Whether a weight holds a GGUF's blocks: on the CPU the host products read them, on a
+    /// GPU only the device step ([`DeviceDecoder`](super::DeviceDecoder)) does, so tensor ops
+    /// cannot run such a model there.
+    pub fn has_blocks(&self) -> bool {
+        let embed = self
+            .model
+            .blocks
+            .as_ref()
+            .is_some_and(|b| matches!(b.embed, VocabEmbed::Quantized(_)));
+        embed
+            || self.lm_head.as_ref().is_some_and(Projection::is_blocks)
+            || self.model.layers.iter().any(|l| {
+                let (a, m) = (&l.self_attn, &l.mlp);
+                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                    .into_iter()
+                    .chain([&m.gate_proj, &m.up_proj, &m.down_proj])
+                    .any(Projection::is_blocks)
+            })
     }
 
     /// Vocabulary size (rows of the embedding).

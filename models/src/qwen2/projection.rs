@@ -211,6 +211,15 @@ impl Projection {
         })
     }
 
+    /// A projection over GGUF blocks (`[out, layout.row_bytes()]` U8), without bias.
+    pub fn from_blocks(bytes: Tensor<2, Int>, layout: BlockLayout) -> Self {
+        Projection::Blocks(BlockLinear {
+            weight: Param::initialized(ParamId::new(), bytes),
+            bias: None,
+            layout,
+        })
+    }
+
     /// `(in, out)` features, from the weight's shape without initializing a lazy weight. A
     /// lazy float weight is read in this model's `Col` layout (`[out, in]` until loaded).
     pub fn dims(&self) -> (usize, usize) {

@@ -51,8 +51,8 @@ pub struct GenerateArgs {
     /// most the model's context.
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Decode through tensor ops where the device step would run (a q8 store on a GPU), for
-    /// comparisons.
+    /// Decode a store through tensor ops where the device step would run (q8 on a GPU), for
+    /// comparisons; GGUF blocks on a GPU have no tensor-ops path.
     #[arg(long)]
     pub no_device_step: bool,
     /// After generating, run the device step's decode steps again under the device's timer
@@ -72,10 +72,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Store dtype when converting: blocks (the projections and LM head keep the GGUF's
-    /// quantized blocks; CPU only), q8 (int8 projections and LM head with a scale per row),
-    /// or f32, f16, bf16; norms and embedding are f32 in the quantized stores. The store is
-    /// cached as `stores/<gguf stem>-<dtype>`. Default: the GGUF read in place on the CPU,
-    /// q8 elsewhere.
+    /// quantized blocks), q8 (int8 projections and LM head with a scale per row), or f32,
+    /// f16, bf16; norms and embedding are f32 in the quantized stores. The store is cached as
+    /// `stores/<gguf stem>-<dtype>`. Default: none, the GGUF read in place (on a GPU its
+    /// blocks are uploaded as they are and read by the device step).
     #[arg(long)]
     pub dtype: Option<WeightFormat>,
     /// Refuse any write access to mapped weights (also `BURN_MAPPED_STRICT=1`).
@@ -274,11 +274,11 @@ pub fn sampler_for(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, S
     })
 }
 
-/// The store a GGUF is converted to when `--dtype` is not given: none on the CPU, where the
-/// GGUF is read in place (its blocks read by the block products), q8 elsewhere (the device
-/// step's store).
-pub fn default_format(device: &burn::tensor::Device) -> Option<WeightFormat> {
-    (!burn_mapped::placement::is_flex(device)).then_some(WeightFormat::Q8)
+/// The store a GGUF is converted to when `--dtype` is not given: none. The GGUF is read in
+/// place: on the CPU its blocks are read by the host's block products, on a GPU they are
+/// uploaded as they are and read by the device step's block kernels.
+pub fn default_format(_device: &burn::tensor::Device) -> Option<WeightFormat> {
+    None
 }
 
 /// Where this run keeps compiled kernels: the directory asked for on a GPU; by default
@@ -304,7 +304,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let format = args.dtype.or_else(|| default_format(&device));
     // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
     // batches, which let the GPU start while the host is still launching.
-    let device = if format == Some(WeightFormat::Q8) && !args.no_device_step {
+    let stepped = matches!(format, None | Some(WeightFormat::Q8 | WeightFormat::Blocks));
+    let device = if stepped && !args.no_device_step {
         args.place.device.decode_device()?
     } else {
         device
@@ -393,9 +394,21 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let (generated, path) = match step.run(&loaded.model, &mut sampler, &mut on_token)? {
         Stepped::Ran(generated, path) => (generated, path),
         stepped => {
+            let gpu_blocks = !burn_mapped::placement::is_flex(&device) && loaded.model.has_blocks();
             if let Stepped::Refused(reason) = stepped {
+                if gpu_blocks {
+                    anyhow::bail!(
+                        "the device step refused the model: {reason}; GGUF blocks on a GPU are \
+                         read by the device step only (convert with --dtype q8 for tensor ops)"
+                    );
+                }
                 tell!("[device step refused: {reason}; decoding through tensor ops]");
                 device_step_refused = Some(reason);
+            } else if gpu_blocks {
+                anyhow::bail!(
+                    "GGUF blocks on a GPU are read by the device step only; without it, convert \
+                     with --dtype q8"
+                );
             }
             let model = loaded.model.clone().with_device_step(false);
             let generated = model.generate_until(

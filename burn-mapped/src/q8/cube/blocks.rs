@@ -145,6 +145,15 @@ fn q4k_scale_min(w: &[u32], o: usize, j: usize) -> u32 {
     sc | (mn << 8)
 }
 
+/// How many blocks of 16 a unit's second block follows its first, by type.
+fn second_block(kind: u32) -> usize {
+    match kind {
+        Q4_K => 2,
+        Q6_K => 4,
+        _ => 1,
+    }
+}
+
 /// Unit `k` of the row at byte `base`, of type `kind`, times the split: its two blocks of 16.
 #[cube]
 fn unit_dot(
@@ -158,7 +167,37 @@ fn unit_dot(
 ) -> f32 {
     let mut lo = Array::<u32>::new(4usize);
     let mut hi = Array::<u32>::new(4usize);
-    let mut r = 0.0f32;
+    let mut coef = Array::<f32>::new(4usize);
+    let b = unit_decode(w, base, k, &mut lo, &mut hi, &mut coef, kind);
+    let offset = comptime!(kind != Q8_0);
+    block_dot(&lo, xq, xs, b, coef[0], coef[1], nblk, offset)
+        + block_dot(
+            &hi,
+            xq,
+            xs,
+            b + comptime!(second_block(kind)),
+            coef[2],
+            coef[3],
+            nblk,
+            offset,
+        )
+}
+
+/// Unit `k` of the row at byte `base`, of type `kind`: the int8 quants of its first block of 16
+/// in `lo` and of its second in `hi` (four words each), and `[a, m]` of each in `coef`, so that
+/// each value is `a * q - m`; returns the first block's index in the row (the second is
+/// [`second_block`] after it).
+#[cube]
+fn unit_decode(
+    w: &[u32],
+    base: usize,
+    k: usize,
+    lo: &mut Array<u32>,
+    hi: &mut Array<u32>,
+    coef: &mut Array<f32>,
+    #[comptime] kind: u32,
+) -> usize {
+    let mut first = 2 * k;
     if comptime!(kind == Q8_0) {
         let o = base + 34 * k;
         let d = f16_at(w, o);
@@ -167,8 +206,10 @@ fn unit_dot(
             lo[i] = word_at(w, o + 2 + 4 * i);
             hi[i] = word_at(w, o + 18 + 4 * i);
         }
-        r += block_dot(&lo, xq, xs, 2 * k, d, 0.0, nblk, false)
-            + block_dot(&hi, xq, xs, 2 * k + 1, d, 0.0, nblk, false);
+        coef[0] = d;
+        coef[1] = 0.0;
+        coef[2] = d;
+        coef[3] = 0.0;
     } else if comptime!(kind == Q5_0) {
         let o = base + 22 * k;
         let d = f16_at(w, o);
@@ -179,8 +220,10 @@ fn unit_dot(
             lo[i] = (q & 0x0F0F_0F0Fu32) | spread4((qh >> (4 * i) as u32) & 15u32);
             hi[i] = ((q >> 4) & 0x0F0F_0F0Fu32) | spread4((qh >> (16 + 4 * i) as u32) & 15u32);
         }
-        r += block_dot(&lo, xq, xs, 2 * k, d, 16.0 * d, nblk, true)
-            + block_dot(&hi, xq, xs, 2 * k + 1, d, 16.0 * d, nblk, true);
+        coef[0] = d;
+        coef[1] = 16.0 * d;
+        coef[2] = d;
+        coef[3] = 16.0 * d;
     } else if comptime!(kind == Q4_K) {
         // Unit u of 8 in a super-block: pair p of sub-blocks (2p, 2p + 1), half h of each.
         let s = k / 8;
@@ -200,26 +243,11 @@ fn unit_dot(
             lo[i] = q & 0x0F0F_0F0Fu32;
             hi[i] = (q >> 4) & 0x0F0F_0F0Fu32;
         }
-        let b = 16 * s + 4 * p + h;
-        r += block_dot(
-            &lo,
-            xq,
-            xs,
-            b,
-            d * f32::cast_from(sm0 & 255u32),
-            dmin * f32::cast_from(sm0 >> 8),
-            nblk,
-            true,
-        ) + block_dot(
-            &hi,
-            xq,
-            xs,
-            b + 2,
-            d * f32::cast_from(sm1 & 255u32),
-            dmin * f32::cast_from(sm1 >> 8),
-            nblk,
-            true,
-        );
+        first = 16 * s + 4 * p + h;
+        coef[0] = d * f32::cast_from(sm0 & 255u32);
+        coef[1] = dmin * f32::cast_from(sm0 >> 8);
+        coef[2] = d * f32::cast_from(sm1 & 255u32);
+        coef[3] = dmin * f32::cast_from(sm1 >> 8);
     } else {
         // Q6_K, unit u of 8: half n of the super-block, quarter pair g (g and g + 2 share
         // their low-bit bytes), half h of each quarter.
@@ -244,10 +272,13 @@ fn unit_dot(
         // The scales are int8: sign-extended through the top byte.
         let a0 = d * f32::cast_from(i32::reinterpret(byte_at(w, o + 192 + b) << 24) >> 24);
         let a1 = d * f32::cast_from(i32::reinterpret(byte_at(w, o + 196 + b) << 24) >> 24);
-        r += block_dot(&lo, xq, xs, 16 * s + b, a0, 32.0 * a0, nblk, true)
-            + block_dot(&hi, xq, xs, 16 * s + b + 4, a1, 32.0 * a1, nblk, true);
+        first = 16 * s + b;
+        coef[0] = a0;
+        coef[1] = 32.0 * a0;
+        coef[2] = a1;
+        coef[3] = 32.0 * a1;
     }
-    r
+    first
 }
 
 /// Adds this thread's units of `rows` rows from `row0` (a row past `out` reads the last) into
@@ -399,20 +430,99 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
     pair_and_split::<C>(a[0], b[0], 1.0, 1.0, out_q, out_s, lanes);
 }
 
+/// Row `ids[pos[0] + t]` of a block matrix of `rows` rows of `n` values, dequantized into row
+/// `t` of `out` (`t` the cube's row of the grid), one unit a thread; an id past the matrix
+/// writes nothing.
+#[cube(launch_unchecked)]
+fn block_rows_kernel(
+    w: &[u32],
+    ids: &[u32],
+    pos: &[u32],
+    out: &mut [f32],
+    rows: usize,
+    #[comptime] n: usize,
+    #[comptime] kind: u32,
+) {
+    let k = ABSOLUTE_POS_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let token = ids[pos[0] as usize + t] as usize;
+    if k < comptime!(n / UNIT) && token < rows {
+        let mut lo = Array::<u32>::new(4usize);
+        let mut hi = Array::<u32>::new(4usize);
+        let mut coef = Array::<f32>::new(4usize);
+        let stride = comptime!(row_bytes(kind, n));
+        let b = unit_decode(w, token * stride, k, &mut lo, &mut hi, &mut coef, kind);
+        let at = t * n + BLOCK * b;
+        let second = at + comptime!(BLOCK * second_block(kind));
+        #[unroll]
+        for i in 0..16usize {
+            let shift = (24 - 8 * (i % 4)) as u32;
+            let ql = i32::reinterpret(lo[i / 4] << shift) >> 24;
+            let qh = i32::reinterpret(hi[i / 4] << shift) >> 24;
+            out[at + i] = coef[0] * f32::cast_from(ql) - coef[1];
+            out[second + i] = coef[2] * f32::cast_from(qh) - coef[3];
+        }
+    }
+}
+
+/// Launches [`block_rows_kernel`] for `t` rows of `out` (`t * n` f32) from a block weight.
+///
+/// # Safety
+///
+/// The weight as for [`launch`]; `ids` holds `ids_len` ids and `pos[0] + t <= ids_len` when
+/// the launch runs; `out` holds `t * n` f32 and is none of the other buffers.
+pub(super) unsafe fn launch_rows(
+    client: &Client,
+    weight: BlockPart<'_>,
+    ids: &Handle,
+    ids_len: usize,
+    pos: &Handle,
+    t: usize,
+    out: &Handle,
+) {
+    let n = weight.layout.cols();
+    let threads = 64;
+    // SAFETY: the caller vouches for the lengths; a thread past the row's units or a row past
+    // the matrix writes nothing, and each thread writes its own unit's 32 values.
+    unsafe {
+        block_rows_kernel::launch_unchecked(
+            client,
+            CubeCount::Static((n / UNIT).div_ceil(threads) as u32, t as u32, 1),
+            CubeDim::new_1d(threads as u32),
+            BufferArg::from_raw_parts(weight.bytes.clone(), weight.words()),
+            BufferArg::from_raw_parts(ids.clone(), ids_len),
+            BufferArg::from_raw_parts(pos.clone(), 1),
+            BufferArg::from_raw_parts(out.clone(), t * n),
+            weight.out,
+            n,
+            weight.kind(),
+        );
+    }
+}
+
 /// The launch shape over `out` rows of `inp` values: lanes double from 8 while a lane would
-/// take more than four units of a row, up to 256; a cube has 128 threads, or 256 once a row
-/// takes 32 lanes; two rows a group where there are rows enough.
+/// take more than four units of a row, up to 128; a cube has 128 threads, or 256 once a row
+/// takes 32 lanes; two rows a group where there are rows enough, four over rows of 8192 values
+/// or more, where every cube copies a split of 36 bytes per 16 values into shared memory (a
+/// 7B down projection: 1.6 ms a step against 2.5 ms with two rows on an H100). Unrolling the
+/// units' loop measured slower (docs/GPU.md).
 fn shape(out: usize, inp: usize) -> DotTuning {
     let units = inp / UNIT;
     let mut lanes = 8;
-    while lanes < 256 && units > 4 * lanes {
+    while lanes < 128 && units > 4 * lanes {
         lanes *= 2;
     }
     let threads = if lanes >= 32 { 256 } else { 128 };
     DotTuning {
         lanes,
         groups: (threads / lanes).max(1),
-        rows: if out >= 2048 { 2 } else { 1 },
+        rows: if out < 2048 {
+            1
+        } else if inp >= 8192 {
+            4
+        } else {
+            2
+        },
         unroll: 1,
     }
 }

@@ -433,6 +433,40 @@ fn staged_input(split: &Handle, len: usize) -> PrologueInput<'_> {
     }
 }
 
+/// Enqueues the lookup of `rows` rows of a block weight (a token embedding kept as the file's
+/// blocks): row `ids[pos[0] + t]`, dequantized, into `out[t * in..(t + 1) * in]` for each
+/// `t < rows`; an id past the weight's rows writes nothing. The position is read on the
+/// device, so a recorded step can replay the launch.
+///
+/// # Safety
+///
+/// `pos[0] + rows <= ids_len` when the launch runs (the host cannot check a value on the
+/// device), and `out` is neither `ids` nor `pos`.
+///
+/// # Errors
+///
+/// [`DirectError::BufferTooSmall`] for buffers shorter than the lengths given or needed;
+/// [`DirectError::Parts`] for a q8 weight.
+pub unsafe fn lookup_rows(
+    weight: &DirectWeight,
+    ids: &Handle,
+    ids_len: usize,
+    pos: &Handle,
+    rows: usize,
+    out: &Handle,
+) -> Result<(), DirectError> {
+    let Some(part) = weight.block_part(None, out) else {
+        return Err(DirectError::Parts("a lookup reads block weights".into()));
+    };
+    check("ids", ids, ids_len)?;
+    check("position", pos, 1)?;
+    check("rows", out, rows * weight.in_features())?;
+    // SAFETY: the lengths were checked above and the caller vouches for the position; the
+    // weight's bytes hold its layout's rows (`DirectWeight::blocks`).
+    unsafe { blocks::launch_rows(weight.client(), part, ids, ids_len, pos, rows, out) };
+    Ok(())
+}
+
 /// Whether a prologue's product takes rows of `inp` values on `client`'s device (at most
 /// [`fused_max_in`]) and `input`'s buffers hold the lengths it gives.
 fn check_prologue(

@@ -6,7 +6,8 @@ use burn::tensor::{DType, Int, Tensor, TensorData, f16};
 use burn_cubecl::cubecl;
 use burn_mapped::gguf::{BlockLayout, GgmlType, dequantize_to_vec, scale_offsets};
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, Product, fused_products, paired_products, split_words, staged_product,
+    Addend, DirectWeight, Product, fused_products, lookup_rows, paired_products, split_words,
+    staged_product,
 };
 use burn_mapped_tests::synthetic::XorShift;
 use cubecl::server::Handle;
@@ -252,5 +253,44 @@ fn staged_block_products_at_the_mlp_widths_match_the_f64_reference() {
             value.0 += f64::from(*r);
         }
         assert_within(&floats(&c, &y), &want, &format!("{ty:?} x {n}"));
+    }
+}
+
+#[test]
+fn looked_up_block_rows_are_the_rows_the_reader_decodes() {
+    let Some(c) = client() else { return };
+    // The 0.5B checkpoint's embedding type at its width, the 7B one's at its; ids read from the
+    // second on, the last past the matrix (its row is left as it was).
+    for (ty, n) in [(GgmlType::Q5_0, 896usize), (GgmlType::Q4_K, 3584)] {
+        let rows = 50;
+        let (weight, decoded) = block_weight(ty, rows, n, 900 + n as u64);
+        let ids = [3u32, 7, 49, 0, rows as u32];
+        let (idh, pos) = (upload_u32(&c, &ids), upload_u32(&c, &[1]));
+        let out = upload(&c, &vec![f32::NAN; 4 * n]);
+        // SAFETY: `pos[0] + 4 == ids.len()`; `out` is a buffer of its own.
+        unsafe { lookup_rows(&weight, &idh, ids.len(), &pos, 4, &out) }.expect("launch");
+        let got = floats(&c, &out);
+        for (t, &id) in ids[1..].iter().enumerate() {
+            let row = &got[t * n..][..n];
+            if id as usize >= rows {
+                assert!(
+                    row.iter().all(|v| v.is_nan()),
+                    "{ty:?}: id {id} wrote its row"
+                );
+                continue;
+            }
+            let want = &decoded[id as usize * n..][..n];
+            for (i, (&g, &w)) in row.iter().zip(want).enumerate() {
+                // `a * q - m` in f32 against the reader's own order of the same operations.
+                let bound = 1e-6
+                    * want[i / 16 * 16..][..16]
+                        .iter()
+                        .fold(0f64, |m, v| m.max(v.abs()));
+                assert!(
+                    (f64::from(g) - w).abs() <= bound,
+                    "{ty:?} row {id}[{i}]: {g} against {w}"
+                );
+            }
+        }
     }
 }

@@ -32,10 +32,12 @@
 //! once per eight positions, but it is a second set of kernels to compile in every process, and
 //! compilation is most of a short prompt's time to its first token.
 //!
-//! It takes a model whose projections and LM head are q8 with rows of whole dp4a blocks (at
-//! most `fused_max_in` values wide: what a cube's shared memory holds on the device) and whose
-//! other parameters are `f32`, on a CubeCL device, its vocabulary matrices whole or in row
-//! blocks (a lookup per embedding block, a product and a copy per head block); anything else
+//! It takes a model whose projections and LM head are q8 or a GGUF's own blocks (Q8_0, Q5_0,
+//! Q4_K, Q6_K, read as the file holds them), with rows of whole blocks at most
+//! `fused_max_in` values wide (what a cube's shared memory holds on the device), and whose
+//! other parameters are `f32`, on a CubeCL device; its embedding f32 (whole or in row blocks: a
+//! lookup per block) or GGUF blocks (each looked-up row dequantized on the device); its head
+//! whole or in row blocks (a product and a copy per block). Anything else
 //! decodes through tensor ops, and [`DeviceDecoder::try_new`] says why.
 
 #[cfg(all(test, feature = "gpu-tests"))]
@@ -49,7 +51,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::q8::direct::{
     Addend, DirectWeight, Product, PrologueInput, cube_float, fused_max_in, fused_products,
-    paired_products, product, products_per_row, split_words, staged_product,
+    lookup_rows, paired_products, product, products_per_row, split_words, staged_product,
 };
 use cubecl::bytes::Bytes;
 use cubecl::client::{Client, Graph, ProfileWindow};
@@ -283,9 +285,10 @@ enum Mode {
 pub struct DeviceDecoder {
     client: Client,
     layers: Vec<Layer>,
-    /// Embedding rows and the LM head, each as consecutive vocabulary blocks (one block where
-    /// the device binds the whole matrix): `(rows, first row)`.
-    embed: Vec<(CubeTensor, usize)>,
+    /// The token embedding.
+    embed: Embed,
+    /// The LM head as consecutive vocabulary blocks (one block where the device binds the
+    /// whole matrix): `(rows, first row)`.
     norm: Norm,
     head: Vec<(DirectWeight, usize)>,
     dims: Dims,
@@ -318,14 +321,53 @@ struct LaunchTimer {
     error: Option<String>,
 }
 
+/// The token embedding as the step reads it.
+enum Embed {
+    /// f32 rows as consecutive vocabulary blocks: `(rows, first row)`.
+    Rows(Vec<(CubeTensor, usize)>),
+    /// The GGUF's blocks, each looked-up row dequantized on the device.
+    Blocks(Box<DirectWeight>),
+}
+
+impl Embed {
+    /// Rows and width.
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Embed::Rows(blocks) => (
+                blocks
+                    .iter()
+                    .map(|(t, _)| t.meta.shape().dims::<2>()[0])
+                    .sum(),
+                blocks
+                    .first()
+                    .map_or(0, |(t, _)| t.meta.shape().dims::<2>()[1]),
+            ),
+            Embed::Blocks(w) => (w.out_features(), w.in_features()),
+        }
+    }
+
+    /// Device bytes.
+    fn bytes(&self) -> u64 {
+        match self {
+            Embed::Rows(blocks) => blocks.iter().map(|(t, _)| t.handle.size_in_used()).sum(),
+            Embed::Blocks(w) => w.bytes(),
+        }
+    }
+}
+
 fn f32_param(t: &burn::tensor::Tensor<1>) -> Option<CubeTensor> {
     (t.dtype() == DType::F32).then(|| cube_float(t)).flatten()
 }
 
-fn q8(p: &Projection) -> Option<(DirectWeight, Option<CubeTensor>)> {
-    let Projection::Q8(l) = p else { return None };
-    let weight = DirectWeight::new(&l.q8_weight().ok()?)?;
-    let bias = match &l.bias {
+/// A projection's weight as the direct kernels read it (q8, or the GGUF's blocks) and its
+/// bias.
+fn direct(p: &Projection) -> Option<(DirectWeight, Option<CubeTensor>)> {
+    let (weight, bias) = match p {
+        Projection::Q8(l) => (DirectWeight::new(&l.q8_weight().ok()?)?, &l.bias),
+        Projection::Blocks(l) => (DirectWeight::blocks(&l.weight.val(), l.layout())?, &l.bias),
+        _ => return None,
+    };
+    let bias = match bias {
         Some(b) => Some(f32_param(&b.val())?),
         None => None,
     };
@@ -383,47 +425,47 @@ impl DeviceDecoder {
         let (heads, kv_heads, head_dim) = (attn.num_heads(), attn.num_kv_heads(), attn.head_dim());
         let [vocab, hidden] = m.embed_tokens.weight.lazy_shape().dims::<2>();
         let not_f32 = || refused("the embedding is not an f32 matrix on a CubeCL device");
-        let not_q8 = |what: &str| {
+        let not_direct = |what: &str| {
             refused(format!(
-                "{what} is not a q8 matrix on a CubeCL device (the device step runs q8 stores: \
-                 --dtype q8)"
+                "{what} is not a q8 matrix or GGUF blocks the step reads (Q8_0, Q5_0, Q4_K, \
+                 Q6_K) on a CubeCL device"
             ))
         };
-        let (embed, head) = match m.vocab_blocks() {
-            Some(blocks) => (
-                match &blocks.embed {
-                    VocabEmbed::RowBlocks(rows) => rows
-                        .iter()
-                        .map(f32_matrix)
-                        .collect::<Option<Vec<_>>>()
-                        .ok_or_else(not_f32)?,
-                    VocabEmbed::Quantized(_) => {
-                        return Err(refused(
-                            "the embedding is quantized GGUF blocks, which the step does not read",
-                        ));
-                    }
-                },
+        let rows = |t: &CubeTensor| t.meta.shape().dims::<2>()[0];
+        let embed = match m.vocab_blocks().map(|b| &b.embed) {
+            Some(VocabEmbed::RowBlocks(blocks)) => Embed::Rows(in_blocks(
                 blocks
-                    .head
-                    .as_ref()
-                    .ok_or_else(|| refused("a head tied to the embedding"))?
                     .iter()
-                    .map(q8)
+                    .map(f32_matrix)
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| not_q8("the LM head"))?,
-            ),
-            None => (
+                    .ok_or_else(not_f32)?,
+                rows,
+            )),
+            Some(VocabEmbed::Quantized(w)) => Embed::Blocks(Box::new(
+                DirectWeight::blocks(w.bytes(), w.layout())
+                    .ok_or_else(|| not_direct("the embedding"))?,
+            )),
+            None => Embed::Rows(in_blocks(
                 vec![f32_matrix(&m.embed_tokens.weight.val()).ok_or_else(not_f32)?],
-                vec![
-                    q8(model
+                rows,
+            )),
+        };
+        let head = match m.vocab_blocks().and_then(|b| b.head.as_ref()) {
+            Some(blocks) => blocks
+                .iter()
+                .map(direct)
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| not_direct("the LM head"))?,
+            None => vec![
+                direct(
+                    model
                         .lm_head
                         .as_ref()
-                        .ok_or_else(|| refused("a head tied to the embedding"))?)
-                    .ok_or_else(|| not_q8("the LM head"))?,
-                ],
-            ),
+                        .ok_or_else(|| refused("a head tied to the embedding"))?,
+                )
+                .ok_or_else(|| not_direct("the LM head"))?,
+            ],
         };
-        let embed = in_blocks(embed, |t| t.meta.shape().dims::<2>()[0]);
         if head.iter().any(|(_, bias)| bias.is_some()) {
             return Err(refused("the LM head has a bias"));
         }
@@ -438,7 +480,7 @@ impl DeviceDecoder {
             .map(|(i, l)| {
                 let a = &l.self_attn;
                 let q8_of = |p: &Projection, name: &str| {
-                    q8(p).ok_or_else(|| not_q8(&format!("layer {i}'s {name}")))
+                    direct(p).ok_or_else(|| not_direct(&format!("layer {i}'s {name}")))
                 };
                 let (q, q_bias) = q8_of(&a.q_proj, "q_proj")?;
                 let (k, k_bias) = q8_of(&a.k_proj, "k_proj")?;
@@ -477,16 +519,11 @@ impl DeviceDecoder {
             capacity,
             splits: attention_splits(capacity),
         };
-        let embed_rows: usize = embed
-            .iter()
-            .map(|(t, _)| t.meta.shape().dims::<2>()[0])
-            .sum();
+        let (embed_rows, embed_width) = embed.shape();
         let head_rows: usize = head.iter().map(|(w, _)| w.out_features()).sum();
         let shapes_fit = embed_rows == vocab
             && head_rows == vocab
-            && embed
-                .iter()
-                .all(|(t, _)| t.meta.shape().dims::<2>()[1] == hidden)
+            && embed_width == hidden
             && head.iter().all(|(w, _)| w.in_features() == hidden)
             && heads * head_dim == hidden
             && heads.is_multiple_of(kv_heads)
@@ -516,7 +553,7 @@ impl DeviceDecoder {
                  kernels take"
             )));
         }
-        let client = embed[0].0.client.clone();
+        let client = head[0].0.client().clone();
         let widest_in = fused_max_in(&client);
         if hidden.max(inter) > widest_in {
             return Err(refused(format!(
@@ -609,7 +646,7 @@ impl DeviceDecoder {
                 + rest.into_iter().map(tensor).sum::<u64>()
         });
         let weights = layers.sum::<u64>()
-            + self.embed.iter().map(|(t, _)| tensor(t)).sum::<u64>()
+            + self.embed.bytes()
             + tensor(&self.norm.weight)
             + self.head.iter().map(|(w, _)| w.bytes()).sum::<u64>();
         let cache = self
@@ -1029,10 +1066,21 @@ impl DeviceDecoder {
     fn embed(&self, a: &Acts, rows: usize) -> usize {
         let d = self.dims;
         let b = &self.buf;
+        let blocks = match &self.embed {
+            Embed::Rows(blocks) => blocks,
+            Embed::Blocks(w) => {
+                // SAFETY: the ids hold `capacity + 1` and the caller keeps `pos + rows` within
+                // the cache; `a.h0` is none of the step's id or position buffers.
+                unsafe { lookup_rows(w, &b.ids, d.capacity + 1, &b.pos, rows, &a.h0) }
+                    .expect("the step's buffers were made for its dims");
+                self.timed("embedding");
+                return 1;
+            }
+        };
         // SAFETY: each block holds `n * hidden` f32 and `a.h0` at least `rows * hidden`; the
         // kernel reads ids at `pos + t < capacity + 1` (the caller keeps `pos + rows` within
         // the cache) and writes row `t < rows` only.
-        for (block, first) in &self.embed {
+        for (block, first) in blocks {
             let n = block.meta.shape().dims::<2>()[0];
             unsafe {
                 kernels::embed_kernel::launch_unchecked(
@@ -1050,7 +1098,7 @@ impl DeviceDecoder {
             }
             self.timed("embedding");
         }
-        self.embed.len()
+        blocks.len()
     }
 
     /// Every layer over positions `pos..pos + rows`, from `a.h0` back into `a.h0`; returns the
