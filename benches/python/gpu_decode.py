@@ -44,7 +44,8 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 
 
 def burn_arm(arm):
-    """`q8-step`, `f32-ops`, `q8-step-topp`...: the dtype, whether the device step runs,
+    """`q8-step`, `f32-ops`, `gguf-step`, `q8-step-topp`...: the dtype (`gguf`: the GGUF read in
+    place, its blocks on the device, no store), whether the device step runs,
     whether the tokens are sampled (`--temperature 0.8 --top-p 0.9 --seed 1`) or greedy, the
     launch batch, and whether each process starts with an empty kernel cache."""
     parts = arm.split("-")
@@ -56,9 +57,11 @@ def run_burn(args, dtype, device_step, top_p=False, batch32=False, cold=False, p
     empty kernel cache for this process."""
     cmd = [
         args.bin, "generate", "--model", args.gguf, "--device", args.device,
-        "--placement", "resident", "--dtype", dtype, "--max-tokens", str(args.tokens),
+        "--placement", "resident", "--max-tokens", str(args.tokens),
         "--ignore-eos", "--json", "--cache-dir", args.cache_dir,
     ]
+    if dtype != "gguf":
+        cmd += ["--dtype", dtype]
     cmd += ["--chat", "--prompt", PROMPT] if prompt is None else ["--prompt", prompt]
     if device_step:
         cmd.append("--device-time")
@@ -166,7 +169,7 @@ def main():
     first_use = {}
     for arm in arms:
         dtype = arm.split("-")[0]
-        if dtype in ("q8", "f32") and dtype not in first_use:
+        if dtype in ("q8", "f32", "gguf") and dtype not in first_use:
             before = cache_bytes(args.cache_dir)
             cmd_args = argparse.Namespace(**{**vars(args), "tokens": 2})
             rec = run_burn(cmd_args, *burn_arm(arm))
@@ -187,10 +190,11 @@ def main():
             "prompt_tokens"]
     # A long plain prompt (the sentence repeated), for the step's prefill against llama.cpp's.
     long_text, long_tokens = None, None
-    if args.long_prompt and "q8-step" in arms:
+    long_arms = [a for a in ("q8-step", "q8-step-cold", "gguf-step") if a in arms]
+    if args.long_prompt and long_arms:
         long_text = " ".join([PROMPT] * args.long_prompt)
         one = argparse.Namespace(**{**vars(args), "tokens": 1})
-        long_tokens = run_burn(one, "q8", True, prompt=long_text)["prompt_tokens"]
+        long_tokens = run_burn(one, *burn_arm(long_arms[0]), prompt=long_text)["prompt_tokens"]
     for r in range(args.rounds):
         order = arms[r % len(arms):] + arms[:r % len(arms)]
         for arm in order:
@@ -214,7 +218,7 @@ def main():
                       f"(prompt {ft['prompt_ms']:.1f} ms)", file=sys.stderr, flush=True)
         if long_tokens:
             for arm in order:
-                if arm.startswith("llama") or arm in ("q8-step", "q8-step-cold"):
+                if arm.startswith("llama") or arm in long_arms:
                     ft = first_token(args, arm, long_tokens, text=long_text)
                     firsts_long[arm].append(ft)
                     print(f"round {r} {arm}: first token of {long_tokens} {ft['wall_ms']:.0f} ms "
