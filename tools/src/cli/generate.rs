@@ -274,13 +274,6 @@ pub fn sampler_for(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, S
     })
 }
 
-/// The store a GGUF is converted to when `--dtype` is not given: none. The GGUF is read in
-/// place: on the CPU its blocks are read by the host's block products, on a GPU they are
-/// uploaded as they are and read by the device step's block kernels.
-pub fn default_format(_device: &burn::tensor::Device) -> Option<WeightFormat> {
-    None
-}
-
 /// Where this run keeps compiled kernels: the directory asked for on a GPU; by default
 /// `<cache>/kernels` on the SPIR-V device (`vulkan`), the one whose kernels the cache keeps;
 /// none on the CPU or with `--no-kernel-cache`. It halves a new process's wait for its first
@@ -301,7 +294,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let kernels = kernel_cache_dir(args, &cache).and_then(|dir| KernelCache::enable(&dir));
     // Not started yet: a GPU runtime starts at its first use or at `decode_device`.
     let device = args.place.device.device();
-    let format = args.dtype.or_else(|| default_format(&device));
+    // Without --dtype the GGUF is read in place, on a GPU as on the CPU.
+    let format = args.dtype;
     // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
     // batches, which let the GPU start while the host is still launching.
     let stepped = matches!(format, None | Some(WeightFormat::Q8 | WeightFormat::Blocks));
