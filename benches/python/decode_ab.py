@@ -4,7 +4,7 @@
 For a kernel change: the build before it and the build after it, each pinned to a CPU tier if
 asked, against llama.cpp's own `llama-bench`, in one run on one machine, so that the machine's
 drift (a shared VM's memory bandwidth moves by a third from minute to minute) falls on every arm
-alike. Standard library only.
+alike. Standard library only; the machine and summary helpers are qwen_decode.py's.
 
 Arms (--arm, repeatable), `LABEL=SPEC`:
   - `LABEL=bin:PATH[@TIER]`: `PATH generate --model GGUF --prompt P --max-tokens N
@@ -12,9 +12,9 @@ Arms (--arm, repeatable), `LABEL=SPEC`:
     reports it; `@TIER` sets BURN_MAPPED_CPU (scalar, avx2, avx512vnni);
   - `LABEL=llama:PATH`: `PATH -m GGUF -t THREADS -p 0 -n N -r 1 -o json` (tok/s over all N).
 Every process gets --threads threads. Each round runs every arm once, the order rotating by
-round. Prints one JSON object (also to --json: machine, what each arm's build was given as, the GGUF's
-size and whether its weights are random, raw runs, medians with min/max, ratios to --baseline
-and the --pair arms, paired per round) and a table.
+round. Prints one JSON object (also to --json: machine, what each arm's build was given as,
+llama.cpp's `--version`, the GGUF's size and whether its weights are random, raw runs, medians
+with min/max, ratios to --baseline and the --pair arms, paired per round) and a table.
 
   python3 benches/python/decode_ab.py --gguf speed-7b.gguf --random-weights --tokens 32 \
       --arm before=bin:/tmp/bm-before --arm after=bin:target/release/burn-mapped \
@@ -26,31 +26,11 @@ and the --pair arms, paired per round) and a table.
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return {}
-    first = info.split("\n\n")[0]
-    fields = dict(
-        (k.strip(), v.strip()) for k, v in (ln.split(":", 1) for ln in first.splitlines() if ":" in ln)
-    )
-    flags = set(fields.get("flags", "").split())
-    return {
-        "model_name": fields.get("model name"),
-        "family": fields.get("cpu family"),
-        "model": fields.get("model"),
-        "logical_cpus": os.cpu_count(),
-        "kernel": platform.release(),
-        "flags": {f: f in flags for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")},
-    }
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen_decode import cpu_info, llama_version, spread  # noqa: E402
 
 
 def run_arm(spec, args):
@@ -106,13 +86,7 @@ def main():
             runs.append({"round": r, "arm": label, "tok_s": tps, **info})
             print(f"[round {r}] {label}: {tps:.2f} tok/s", file=sys.stderr)
 
-    def of(label):
-        return [x["tok_s"] for x in runs if x["arm"] == label]
-
-    summary = {
-        label: {"median": statistics.median(of(label)), "min": min(of(label)), "max": max(of(label))}
-        for label in labels
-    }
+    summary = {label: spread([x["tok_s"] for x in runs if x["arm"] == label]) for label in labels}
 
     def tok_s(label, r):
         return next(x["tok_s"] for x in runs if x["arm"] == label and x["round"] == r)
@@ -120,7 +94,7 @@ def main():
     paired = {}
     for a, b in pairs:
         ratios = [tok_s(a, r) / tok_s(b, r) for r in range(args.rounds)]
-        paired[f"{a} / {b}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "per_round": ratios}
+        paired[f"{a} / {b}"] = {**spread(ratios), "per_round": ratios}
     result = {
         "gguf": {"path": args.gguf, "size_bytes": os.path.getsize(args.gguf),
                  "weights": "random" if args.random_weights else "real"},
@@ -130,7 +104,9 @@ def main():
         "rounds": args.rounds,
         "threads": args.threads,
         "prompt": args.prompt,
-        "cpu": cpu_model(),
+        "cpu": cpu_info(),
+        "llama_versions": {label: llama_version(spec.partition(":")[2])
+                           for label, spec in arms if spec.startswith("llama:")},
         "summary": summary,
         "baseline": args.baseline,
         "paired_ratios": paired,

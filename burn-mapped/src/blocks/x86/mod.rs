@@ -153,10 +153,9 @@ macro_rules! kernels {
             /// Bytes past the weights being read that the K-quant kernels ask the cache for:
             /// the hardware's stream prefetchers stop at each 4 KiB page, so a stream of rows
             /// would otherwise wait on memory at every page. The lines go to L2 (`T1`), two
-            /// pages ahead: at 7B (mostly Q4_K and Q6_K) on 2 Zen 4 cores, decode went from
-            /// 5.5 tok/s with 2 KiB into L1 to 6.4-6.7 (llama.cpp 5.3-6.2 in the same rounds);
-            /// 6 KiB was no better, 16 KiB and more worse. For Q5_0 and Q8_0 rows (0.5B)
-            /// a prefetch per block cost more than it saved, so they have none.
+            /// pages ahead: at 7B (mostly Q4_K and Q6_K) on 2 Zen 4 cores, decode 1.16× that of
+            /// 2 KiB into L1 (docs/PERFORMANCE.md, "K-quant prefetch"). For Q5_0 and Q8_0 rows
+            /// (0.5B) a prefetch per block measured slower, so they have none.
             const PREFETCH_AHEAD: usize = 8192;
 
             /// Prefetches `LINES` cache lines into L2 from [`PREFETCH_AHEAD`] bytes past `p`.
