@@ -161,10 +161,6 @@ struct Summary {
 
 /// The device step's device memory, by purpose.
 #[derive(Serialize)]
-#[cfg_attr(
-    not(any(feature = "wgpu", feature = "vulkan")),
-    expect(dead_code, reason = "only a GPU build runs the device step")
-)]
 struct DeviceMemory {
     /// The model's parameters the step reads.
     weights_bytes: u64,
