@@ -14,7 +14,12 @@
 //! `s * (a * sum(q * x) - m * sum(x))` over the block's integer activations `x`: the two sums
 //! are `dp4a` chains, exact in i32, and the block's scale `s` and `a`, `m` apply once.
 //! Rows and blocks start on 2-byte boundaries (Q8_0, Q5_0 and Q6_K blocks are 34, 22 and
-//! 210 bytes), so a word at an offset of 2 is put together from two.
+//! 210 bytes), so a word at an offset of 2 is put together from two. Q4_K, most of a Q4_K_M
+//! model's bytes, is read in 16-byte loads instead (the weight bound a second time as vectors
+//! of four words): a super-block's head (its two f16 and twelve scale bytes) and each unit's
+//! quants are one aligned load each, 144-byte super-blocks keeping 16-byte alignment (at 7B
+//! on an H100: 11 % less device time per token with the interleaved pair below). Q6_K put
+//! together from two aligned loads measured slower than its word loads, so it keeps those.
 
 use burn_cubecl::cubecl;
 use cubecl::client::Client;
@@ -131,16 +136,19 @@ fn spread4(x: u32) -> u32 {
     ((x & 1u32) << 4) | ((x & 2u32) << 11) | ((x & 4u32) << 18) | ((x & 8u32) << 25)
 }
 
-/// A Q4_K sub-block's 6-bit scale and minimum (`j < 8`) from the 12 bytes at `o`, as
-/// `scale | minimum << 8`.
+/// A Q4_K sub-block's 6-bit scale and minimum (`j < 8`) from the scale bytes' three words
+/// (bytes 4..16 of the super-block), as `scale | minimum << 8`.
 #[cube]
-fn q4k_scale_min(w: &[u32], o: usize, j: usize) -> u32 {
-    let b = byte_at(w, o + j + 4);
-    let mut sc = byte_at(w, o + j) & 63u32;
+fn q4k_scale_min(w1: u32, w2: u32, w3: u32, j: usize) -> u32 {
+    let i = (j % 4) as u32;
+    let a = (w1 >> (8 * i)) & 255u32;
+    let b = (w2 >> (8 * i)) & 255u32;
+    let c = (w3 >> (8 * i)) & 255u32;
+    let mut sc = a & 63u32;
     let mut mn = b & 63u32;
     if j >= 4 {
-        sc = (b & 15u32) | ((byte_at(w, o + j - 4) >> 6) << 4);
-        mn = (b >> 4) | ((byte_at(w, o + j) >> 6) << 4);
+        sc = (c & 15u32) | ((a >> 6) << 4);
+        mn = (c >> 4) | ((b >> 6) << 4);
     }
     sc | (mn << 8)
 }
@@ -156,8 +164,10 @@ fn second_block(kind: u32) -> usize {
 
 /// Unit `k` of the row at byte `base`, of type `kind`, times the split: its two blocks of 16.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn unit_dot(
     w: &[u32],
+    wv: &[Word4],
     base: usize,
     k: usize,
     xq: &[Word4],
@@ -168,7 +178,7 @@ fn unit_dot(
     let mut lo = Array::<u32>::new(4usize);
     let mut hi = Array::<u32>::new(4usize);
     let mut coef = Array::<f32>::new(4usize);
-    let b = unit_decode(w, base, k, &mut lo, &mut hi, &mut coef, kind);
+    let b = unit_decode(w, wv, base, k, &mut lo, &mut hi, &mut coef, kind);
     let offset = comptime!(kind != Q8_0);
     block_dot(&lo, xq, xs, b, coef[0], coef[1], nblk, offset)
         + block_dot(
@@ -183,13 +193,16 @@ fn unit_dot(
         )
 }
 
-/// Unit `k` of the row at byte `base`, of type `kind`: the int8 quants of its first block of 16
+/// Unit `k` of the row at byte `base` (of `w`, and of the same bytes as vectors `wv`), of
+/// type `kind`: the int8 quants of its first block of 16
 /// in `lo` and of its second in `hi` (four words each), and `[a, m]` of each in `coef`, so that
 /// each value is `a * q - m`; returns the first block's index in the row (the second is
 /// [`second_block`] after it).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn unit_decode(
     w: &[u32],
+    wv: &[Word4],
     base: usize,
     k: usize,
     lo: &mut Array<u32>,
@@ -231,17 +244,21 @@ fn unit_decode(
         let p = u / 2;
         let h = u % 2;
         let o = base + 144 * s;
-        let dm = w[o / 4];
+        let head = wv[o / 16];
+        let dm = u32::reinterpret(head.extract(0usize));
+        let w1 = u32::reinterpret(head.extract(1usize));
+        let w2 = u32::reinterpret(head.extract(2usize));
+        let w3 = u32::reinterpret(head.extract(3usize));
         let d = f16_bits_to_f32(dm & 0xFFFFu32);
         let dmin = f16_bits_to_f32(dm >> 16);
-        let sm0 = q4k_scale_min(w, o + 4, 2 * p);
-        let sm1 = q4k_scale_min(w, o + 4, 2 * p + 1);
-        let at = (o + 16 + 32 * p + 16 * h) / 4;
+        let sm0 = q4k_scale_min(w1, w2, w3, 2 * p);
+        let sm1 = q4k_scale_min(w1, w2, w3, 2 * p + 1);
+        let q = wv[(o + 16 + 32 * p + 16 * h) / 16];
         #[unroll]
         for i in 0..4usize {
-            let q = w[at + i];
-            lo[i] = q & 0x0F0F_0F0Fu32;
-            hi[i] = (q >> 4) & 0x0F0F_0F0Fu32;
+            let qi = u32::reinterpret(q.extract(i));
+            lo[i] = qi & 0x0F0F_0F0Fu32;
+            hi[i] = (qi >> 4) & 0x0F0F_0F0Fu32;
         }
         first = 16 * s + 4 * p + h;
         coef[0] = d * f32::cast_from(sm0 & 255u32);
@@ -287,6 +304,7 @@ fn unit_decode(
 #[allow(clippy::too_many_arguments)]
 fn rows_dot(
     w: &[u32],
+    wv: &[Word4],
     row0: usize,
     out: usize,
     xq: &[Word4],
@@ -308,7 +326,7 @@ fn rows_dot(
             if row >= out {
                 row = out - 1;
             }
-            acc[r] += unit_dot(w, row * stride, k, xq, xs, nblk, kind);
+            acc[r] += unit_dot(w, wv, row * stride, k, xq, xs, nblk, kind);
         }
         k += lanes;
     }
@@ -323,14 +341,17 @@ fn block_fused_kernel<P: Prologue>(
     second: &[f32],
     scalar: f32,
     w0: &[u32],
+    wv0: &[Word4],
     bias0: &[f32],
     y0: &mut [f32],
     out0: usize,
     w1: &[u32],
+    wv1: &[Word4],
     bias1: &[f32],
     y1: &mut [f32],
     out1: usize,
     w2: &[u32],
+    wv2: &[Word4],
     bias2: &[f32],
     y2: &mut [f32],
     out2: usize,
@@ -368,19 +389,19 @@ fn block_fused_kernel<P: Prologue>(
         let t0 = CUBE_POS_Y as usize;
         let mut acc = zeros(rows);
         if z == 0 {
-            rows_dot(w0, row0, out0, &xq, &xs, &mut acc, n, k0, rows, lanes);
+            rows_dot(w0, wv0, row0, out0, &xq, &xs, &mut acc, n, k0, rows, lanes);
             write_rows(
                 &acc, w0, bias0, y0, t_total, out0, row0, t0, 1usize, rows, lanes, groups, false,
                 has_bias, bias_each,
             );
         } else if z == 1 {
-            rows_dot(w1, row0, out1, &xq, &xs, &mut acc, n, k1, rows, lanes);
+            rows_dot(w1, wv1, row0, out1, &xq, &xs, &mut acc, n, k1, rows, lanes);
             write_rows(
                 &acc, w1, bias1, y1, t_total, out1, row0, t0, 1usize, rows, lanes, groups, false,
                 has_bias, bias_each,
             );
         } else {
-            rows_dot(w2, row0, out2, &xq, &xs, &mut acc, n, k2, rows, lanes);
+            rows_dot(w2, wv2, row0, out2, &xq, &xs, &mut acc, n, k2, rows, lanes);
             write_rows(
                 &acc, w2, bias2, y2, t_total, out2, row0, t0, 1usize, rows, lanes, groups, false,
                 has_bias, bias_each,
@@ -399,6 +420,8 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
     scalar: f32,
     wa: &[u32],
     wb: &[u32],
+    wva: &[Word4],
+    wvb: &[Word4],
     out_q: &mut [Word4],
     out_s: &mut [f32],
     #[comptime] n: usize,
@@ -422,12 +445,20 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
         comptime!(lanes * BLOCK),
     );
     sync_cube();
-    let mut a = zeros(1usize);
-    let mut b = zeros(1usize);
-    let out = CUBE_COUNT_X as usize * BLOCK;
-    rows_dot(wa, row, out, &xq, &xs, &mut a, n, ka, 1usize, lanes);
-    rows_dot(wb, row, out, &xq, &xs, &mut b, n, kb, 1usize, lanes);
-    pair_and_split::<C>(a[0], b[0], 1.0, 1.0, out_q, out_s, lanes);
+    // The two rows' units in one loop, both loads of a step in flight together: at 7B on an
+    // H100 gate/up took 11 % less time than one row's loop after the other's.
+    let units = comptime!(n / UNIT);
+    let stride_a = comptime!(row_bytes(ka, n));
+    let stride_b = comptime!(row_bytes(kb, n));
+    let mut a = 0.0f32;
+    let mut b = 0.0f32;
+    let mut k = UNIT_POS_X as usize;
+    while k < units {
+        a += unit_dot(wa, wva, row * stride_a, k, &xq, &xs, nblk, ka);
+        b += unit_dot(wb, wvb, row * stride_b, k, &xq, &xs, nblk, kb);
+        k += lanes;
+    }
+    pair_and_split::<C>(a, b, 1.0, 1.0, out_q, out_s, lanes);
 }
 
 /// Row `ids[pos[0] + t]` of a block matrix of `rows` rows of `n` values, dequantized into row
@@ -436,6 +467,7 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
 #[cube(launch_unchecked)]
 fn block_rows_kernel(
     w: &[u32],
+    wv: &[Word4],
     ids: &[u32],
     pos: &[u32],
     out: &mut [f32],
@@ -451,7 +483,7 @@ fn block_rows_kernel(
         let mut hi = Array::<u32>::new(4usize);
         let mut coef = Array::<f32>::new(4usize);
         let stride = comptime!(row_bytes(kind, n));
-        let b = unit_decode(w, token * stride, k, &mut lo, &mut hi, &mut coef, kind);
+        let b = unit_decode(w, wv, token * stride, k, &mut lo, &mut hi, &mut coef, kind);
         let at = t * n + BLOCK * b;
         let second = at + comptime!(BLOCK * second_block(kind));
         #[unroll]
@@ -490,6 +522,7 @@ pub(super) unsafe fn launch_rows(
             CubeCount::Static((n / UNIT).div_ceil(threads) as u32, t as u32, 1),
             CubeDim::new_1d(threads as u32),
             BufferArg::from_raw_parts(weight.bytes.clone(), weight.words()),
+            BufferArg::from_raw_parts(weight.bytes.clone(), weight.vectors()),
             BufferArg::from_raw_parts(ids.clone(), ids_len),
             BufferArg::from_raw_parts(pos.clone(), 1),
             BufferArg::from_raw_parts(out.clone(), t * n),
@@ -547,6 +580,12 @@ impl BlockPart<'_> {
         (self.out * self.layout.row_bytes()).div_ceil(4)
     }
 
+    /// Whole 16-byte vectors in its bytes: what the Q4_K loads bind (a Q4_K weight is whole
+    /// vectors).
+    fn vectors(&self) -> usize {
+        self.out * self.layout.row_bytes() / 16
+    }
+
     fn kind(&self) -> u32 {
         kind(self.layout).expect("a block type the kernels read, checked by the caller")
     }
@@ -586,15 +625,16 @@ pub(super) unsafe fn launch<P: Prologue>(
         unsafe {
             (
                 BufferArg::from_raw_parts(w.bytes.clone(), w.words()),
+                BufferArg::from_raw_parts(w.bytes.clone(), w.vectors()),
                 BufferArg::from_raw_parts(w.bias.map_or(w.bytes, |b| b.handle).clone(), bias_len),
                 BufferArg::from_raw_parts(w.y.clone(), t * w.out),
                 w.out,
             )
         }
     });
-    let (w0, b0, y0, o0) = args.next().expect("three parts");
-    let (w1, b1, y1, o1) = args.next().expect("three parts");
-    let (w2, b2, y2, o2) = args.next().expect("three parts");
+    let (w0, v0, b0, y0, o0) = args.next().expect("three parts");
+    let (w1, v1, b1, y1, o1) = args.next().expect("three parts");
+    let (w2, v2, b2, y2, o2) = args.next().expect("three parts");
     // SAFETY: the caller vouches for the input's lengths and the parts'; the kernel clamps
     // every row to its part's `out`, skips cubes past it, and reads the input only through `P`.
     unsafe {
@@ -606,14 +646,17 @@ pub(super) unsafe fn launch<P: Prologue>(
             BufferArg::from_raw_parts(input.second.clone(), input.second_len),
             input.scalar,
             w0,
+            v0,
             b0,
             y0,
             o0,
             w1,
+            v1,
             b1,
             y1,
             o1,
             w2,
+            v2,
             b2,
             y2,
             o2,
@@ -660,6 +703,8 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
             input.scalar,
             BufferArg::from_raw_parts(a.bytes.clone(), a.words()),
             BufferArg::from_raw_parts(b.bytes.clone(), b.words()),
+            BufferArg::from_raw_parts(a.bytes.clone(), a.vectors()),
+            BufferArg::from_raw_parts(b.bytes.clone(), b.vectors()),
             BufferArg::from_raw_parts(split.clone(), 2 * blocks),
             BufferArg::from_raw_parts(split.clone(), 9 * blocks),
             n,
