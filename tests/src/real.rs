@@ -301,12 +301,42 @@ pub fn forced_failures(reference: &RealPrompt, positions: &[Forced]) -> Vec<Stri
     failures
 }
 
+/// Positions of teacher-forced `positions` whose top-1 is not `reference`'s token, and the
+/// largest logit error among them all: what the tests print per prompt.
+pub fn forced_summary(reference: &RealPrompt, positions: &[Forced]) -> (Vec<usize>, f64) {
+    let flips = positions
+        .iter()
+        .filter(|f| f.ours != reference.generated_ids[f.at])
+        .map(|f| f.at)
+        .collect();
+    let worst = positions.iter().map(|f| f.error).fold(0f64, f64::max);
+    (flips, worst)
+}
+
+/// A greedy difference from the reference that [`STEP_LOGIT_BOUND`] does not explain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unexplained {
+    /// Position in the continuation.
+    pub at: usize,
+    /// What differs there, and by how much.
+    pub message: String,
+}
+
+impl std::fmt::Display for Unexplained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Where greedy tokens `got` first differ from the reference's, and whether that difference
 /// is one [`STEP_LOGIT_BOUND`] explains: `Ok(None)` if equal, `Ok(Some(at))` for a difference
 /// at a position where the reference's logit of our token is within twice the bound of its
 /// own choice's, `Err` otherwise. The tokens before `at` are the reference's, so the model's
 /// state at `at` is the teacher-forced one, which [`forced_failures`] holds to the bound.
-pub fn greedy_difference(reference: &RealPrompt, got: &[u32]) -> Result<Option<usize>, String> {
+pub fn greedy_difference(
+    reference: &RealPrompt,
+    got: &[u32],
+) -> Result<Option<usize>, Unexplained> {
     let want = &reference.generated_ids[..got.len().min(reference.generated_ids.len())];
     let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) else {
         return Ok(None);
@@ -315,12 +345,15 @@ pub fn greedy_difference(reference: &RealPrompt, got: &[u32]) -> Result<Option<u
     let gap = top.logit(got[at]).map(|ours| top.logits[0] - ours);
     match gap {
         Some(gap) if gap <= 2.0 * STEP_LOGIT_BOUND => Ok(Some(at)),
-        _ => Err(format!(
-            "token {at} is {}, the reference's {} (reference gap {})",
-            got[at],
-            want[at],
-            gap.map_or("beyond its stored logits".into(), |g| format!("{g:.3}"))
-        )),
+        _ => Err(Unexplained {
+            at,
+            message: format!(
+                "token {at} is {}, the reference's {} (reference gap {})",
+                got[at],
+                want[at],
+                gap.map_or("beyond its stored logits".into(), |g| format!("{g:.3}"))
+            ),
+        }),
     }
 }
 

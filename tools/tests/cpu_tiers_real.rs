@@ -22,7 +22,8 @@ use burn::tensor::Device;
 use burn_mapped::host::CpuTier;
 use burn_mapped_tests::json::u32s;
 use burn_mapped_tests::real::{
-    COMPARED_TOKENS, forced_failures, greedy_difference, real_reference, resolve, teacher_forced,
+    COMPARED_TOKENS, forced_failures, forced_summary, greedy_difference, real_reference, resolve,
+    teacher_forced,
 };
 use common::success_json;
 
@@ -101,12 +102,7 @@ fn forced_on_this_processs_tier() {
     let mut failures = Vec::new();
     for (i, p) in real_reference().iter().enumerate() {
         let forced = teacher_forced(&loaded.model, p, COMPARED_TOKENS, &device);
-        let worst = forced.iter().map(|f| f.error).fold(0f64, f64::max);
-        let flips: Vec<_> = forced
-            .iter()
-            .filter(|f| f.ours != p.generated_ids[f.at])
-            .map(|f| f.at)
-            .collect();
+        let (flips, worst) = forced_summary(p, &forced);
         println!(
             "{tier}: prompt {i} teacher-forced: largest logit error {worst:.3}, top-1 differs at {flips:?}"
         );
