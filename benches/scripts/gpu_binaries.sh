@@ -11,8 +11,9 @@
 #
 # ARMS: `<build>[:<arm>]` entries (arm as benches/python/gpu_decode.py names them, default
 # q8-step; `gguf-step` is the GGUF read in place, its blocks on the device) and `llama`;
-# default "main new span64 llama". SIZES: 0.5b and/or 7b (default 0.5b; 7b is made from
-# benches/data's header); ARMS_7B overrides ARMS for 7b. TOKENS (default 1024), ROUNDS (3).
+# default "main new span64 llama"; llama.cpp is built only where an arm is `llama`. SIZES:
+# 0.5b and/or 7b (default 0.5b; 7b is made from benches/data's header); ARMS_7B overrides
+# ARMS for 7b. TOKENS (default 1024), ROUNDS (3).
 #
 #   OUT=out bash benches/scripts/gpu_binaries.sh                     # the tg1024 comparison
 #   OUT=out SIZES="7b 0.5b" TOKENS=128 ROUNDS=2 ARMS="a:gguf-step a:q8-step llama" \
@@ -24,11 +25,15 @@ for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulka
   if [ -f "$icd" ]; then export VK_DRIVER_FILES="$icd"; break; fi
 done
 w=/tmp/bm3; mkdir -p $w/llama
-tar xJf devrun/llama.tar.xz -C $w/llama
-(cmake -S $w/llama/llama.cpp -B $w/llama/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-  -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF && cmake --build $w/llama/build --target llama-bench -j 16) > $OUT/llama-build.log 2>&1 &
-build=$!
+# llama.cpp is built (in the background) only where an arm runs it.
+build=
+if [[ " ${ARMS:-main new span64 llama} ${ARMS_7B:-} " == *" llama "* ]]; then
+  tar xJf devrun/llama.tar.xz -C $w/llama
+  (cmake -S $w/llama/llama.cpp -B $w/llama/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF && cmake --build $w/llama/build --target llama-bench -j 16) > $OUT/llama-build.log 2>&1 &
+  build=$!
+fi
 xz -dc devrun/bins.tar.xz | tar xf - -C $w
 python3 -m pip install --no-index --no-deps -q devrun/gguf-*.whl
 sizes="${SIZES:-0.5b}"
@@ -41,7 +46,7 @@ for size in $sizes; do
   xz -dc $header > $w/header-$size.gguf
   python3 benches/python/speed_gguf.py $w/header-$size.gguf $w/speed-$size.gguf $total || exit 1
 done
-wait $build; echo "llama build $?"; tail -1 $OUT/llama-build.log
+if [ -n "$build" ]; then wait $build; echo "llama build $?"; tail -1 $OUT/llama-build.log; fi
 gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"; echo "$gpu"
 tokens=${TOKENS:-1024}
 for size in $sizes; do

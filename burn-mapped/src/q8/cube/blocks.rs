@@ -20,6 +20,13 @@
 //! quants are one aligned load each, 144-byte super-blocks keeping 16-byte alignment (at 7B
 //! on an H100: 11 % less device time per token with the interleaved pair below). Q6_K put
 //! together from two aligned loads measured slower than its word loads, so it keeps those.
+//!
+//! Two choices make a step's wide products shorter chains of waits (7B on an H100: 3.36 ms of
+//! device time a token against 4.00). A product whose input is a split already in memory (the
+//! down projection's, written by gate/up) reads it where it lies, through the caches, instead
+//! of every cube copying it into shared memory first ([`block_split_kernel`]): down 1.48 →
+//! 0.91 ms a token. And a Q4_K gate/up pair asks for its first units before the prologue and
+//! for each step's next units before it multiplies the current ones: gate/up 1.64 → 1.55 ms.
 
 use burn_cubecl::cubecl;
 use cubecl::client::Client;
@@ -87,9 +94,9 @@ fn byte_at(w: &[u32], o: usize) -> u32 {
     (w[o / 4] >> (8 * (o % 4)) as u32) & 255u32
 }
 
-/// `s * (a * sum(q * x) - m * sum(x))` over block `blk` of the split in `xq`/`xs` (`nblk`
-/// blocks a plane) and the 16 int8 `q` in the four words of `v`; without `offset`, `m` is not
-/// read.
+/// `s * (a * sum(q * x) - m * sum(x))` over block `blk` of the split in `xq`/`xs` (its low
+/// plane `lo_off` vectors on, its scales `s_off` f32 on) and the 16 int8 `q` in the four words
+/// of `v`; without `offset`, `m` is not read.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn block_dot(
@@ -97,19 +104,20 @@ fn block_dot(
     xq: &[Word4],
     xs: &[f32],
     blk: usize,
+    lo_off: usize,
+    s_off: usize,
     a: f32,
     m: f32,
-    #[comptime] nblk: usize,
     #[comptime] offset: bool,
 ) -> f32 {
     let hi = xq[blk];
-    let lo = xq[nblk + blk];
+    let lo = xq[lo_off + blk];
     let mut r = a * f32::cast_from(split_dot(v[0], v[1], v[2], v[3], hi, lo));
     if comptime!(offset) {
         let ones = 0x0101_0101u32;
         r -= m * f32::cast_from(split_dot(ones, ones, ones, ones, hi, lo));
     }
-    xs[blk] * r
+    xs[s_off + blk] * r
 }
 
 /// `sum(q * x)` over 16 int8 `q` (four words) and the split's integers `x = 256 hi + lo`:
@@ -162,7 +170,8 @@ fn second_block(kind: u32) -> usize {
     }
 }
 
-/// Unit `k` of the row at byte `base`, of type `kind`, times the split: its two blocks of 16.
+/// Unit `k` of the row at byte `base`, of type `kind`, times the split (the row's blocks from
+/// block `x0` of its planes, as [`block_dot`] reads them): its two blocks of 16.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn unit_dot(
@@ -172,23 +181,26 @@ fn unit_dot(
     k: usize,
     xq: &[Word4],
     xs: &[f32],
-    #[comptime] nblk: usize,
+    x0: usize,
+    lo_off: usize,
+    s_off: usize,
     #[comptime] kind: u32,
 ) -> f32 {
     let mut lo = Array::<u32>::new(4usize);
     let mut hi = Array::<u32>::new(4usize);
     let mut coef = Array::<f32>::new(4usize);
-    let b = unit_decode(w, wv, base, k, &mut lo, &mut hi, &mut coef, kind);
+    let b = x0 + unit_decode(w, wv, base, k, &mut lo, &mut hi, &mut coef, kind);
     let offset = comptime!(kind != Q8_0);
-    block_dot(&lo, xq, xs, b, coef[0], coef[1], nblk, offset)
+    block_dot(&lo, xq, xs, b, lo_off, s_off, coef[0], coef[1], offset)
         + block_dot(
             &hi,
             xq,
             xs,
             b + comptime!(second_block(kind)),
+            lo_off,
+            s_off,
             coef[2],
             coef[3],
-            nblk,
             offset,
         )
 }
@@ -238,33 +250,10 @@ fn unit_decode(
         coef[2] = d;
         coef[3] = 16.0 * d;
     } else if comptime!(kind == Q4_K) {
-        // Unit u of 8 in a super-block: pair p of sub-blocks (2p, 2p + 1), half h of each.
-        let s = k / 8;
-        let u = k % 8;
-        let p = u / 2;
-        let h = u % 2;
-        let o = base + 144 * s;
+        let o = base + 144 * (k / 8);
         let head = wv[o / 16];
-        let dm = u32::reinterpret(head.extract(0usize));
-        let w1 = u32::reinterpret(head.extract(1usize));
-        let w2 = u32::reinterpret(head.extract(2usize));
-        let w3 = u32::reinterpret(head.extract(3usize));
-        let d = f16_bits_to_f32(dm & 0xFFFFu32);
-        let dmin = f16_bits_to_f32(dm >> 16);
-        let sm0 = q4k_scale_min(w1, w2, w3, 2 * p);
-        let sm1 = q4k_scale_min(w1, w2, w3, 2 * p + 1);
-        let q = wv[(o + 16 + 32 * p + 16 * h) / 16];
-        #[unroll]
-        for i in 0..4usize {
-            let qi = u32::reinterpret(q.extract(i));
-            lo[i] = qi & 0x0F0F_0F0Fu32;
-            hi[i] = (qi >> 4) & 0x0F0F_0F0Fu32;
-        }
-        first = 16 * s + 4 * p + h;
-        coef[0] = d * f32::cast_from(sm0 & 255u32);
-        coef[1] = dmin * f32::cast_from(sm0 >> 8);
-        coef[2] = d * f32::cast_from(sm1 & 255u32);
-        coef[3] = dmin * f32::cast_from(sm1 >> 8);
+        let q = wv[(o + 16 + 16 * (k % 8)) / 16];
+        first = q4k_decode(head, q, k, lo, hi, coef);
     } else {
         // Q6_K, unit u of 8: half n of the super-block, quarter pair g (g and g + 2 share
         // their low-bit bytes), half h of each quarter.
@@ -298,6 +287,81 @@ fn unit_decode(
     first
 }
 
+/// Q4_K unit `k`'s raw bytes in the row at byte `base`: its super-block's 16-byte head into
+/// `raw[at]` and its 16 quant bytes into `raw[at + 1]`.
+#[cube]
+fn q4k_fetch(wv: &[Word4], base: usize, k: usize, raw: &mut Array<Word4>, at: usize) {
+    let o = base + 144 * (k / 8);
+    raw[at] = wv[o / 16];
+    raw[at + 1] = wv[(o + 16 + 16 * (k % 8)) / 16];
+}
+
+/// [`unit_decode`] of a Q4_K unit `k` from its fetched head and quants.
+#[cube]
+fn q4k_decode(
+    head: Word4,
+    q: Word4,
+    k: usize,
+    lo: &mut Array<u32>,
+    hi: &mut Array<u32>,
+    coef: &mut Array<f32>,
+) -> usize {
+    // Unit u of 8 in a super-block: pair p of sub-blocks (2p, 2p + 1), half h of each.
+    let s = k / 8;
+    let u = k % 8;
+    let p = u / 2;
+    let h = u % 2;
+    let dm = u32::reinterpret(head.extract(0usize));
+    let w1 = u32::reinterpret(head.extract(1usize));
+    let w2 = u32::reinterpret(head.extract(2usize));
+    let w3 = u32::reinterpret(head.extract(3usize));
+    let d = f16_bits_to_f32(dm & 0xFFFFu32);
+    let dmin = f16_bits_to_f32(dm >> 16);
+    let sm0 = q4k_scale_min(w1, w2, w3, 2 * p);
+    let sm1 = q4k_scale_min(w1, w2, w3, 2 * p + 1);
+    #[unroll]
+    for i in 0..4usize {
+        let qi = u32::reinterpret(q.extract(i));
+        lo[i] = qi & 0x0F0F_0F0Fu32;
+        hi[i] = (qi >> 4) & 0x0F0F_0F0Fu32;
+    }
+    coef[0] = d * f32::cast_from(sm0 & 255u32);
+    coef[1] = dmin * f32::cast_from(sm0 >> 8);
+    coef[2] = d * f32::cast_from(sm1 & 255u32);
+    coef[3] = dmin * f32::cast_from(sm1 >> 8);
+    16 * s + 4 * p + h
+}
+
+/// A fetched Q4_K unit `k` ([`q4k_fetch`]) times the split: its two blocks of 16.
+#[cube]
+fn q4k_unit_dot(
+    head: Word4,
+    q: Word4,
+    k: usize,
+    xq: &[Word4],
+    xs: &[f32],
+    x0: usize,
+    lo_off: usize,
+    s_off: usize,
+) -> f32 {
+    let mut lo = Array::<u32>::new(4usize);
+    let mut hi = Array::<u32>::new(4usize);
+    let mut coef = Array::<f32>::new(4usize);
+    let b = x0 + q4k_decode(head, q, k, &mut lo, &mut hi, &mut coef);
+    block_dot(&lo, xq, xs, b, lo_off, s_off, coef[0], coef[1], true)
+        + block_dot(&hi, xq, xs, b + 2, lo_off, s_off, coef[2], coef[3], true)
+}
+
+/// `k + lanes`, or the row's last unit past its end: a fetch ahead that never leaves the row.
+#[cube]
+fn ahead(k: usize, lanes: usize, units: usize) -> usize {
+    let mut n = k + lanes;
+    if n >= units {
+        n = units - 1;
+    }
+    n
+}
+
 /// Adds this thread's units of `rows` rows from `row0` (a row past `out` reads the last) into
 /// `acc`: unit `lane + i * lanes` of each.
 #[cube]
@@ -309,6 +373,9 @@ fn rows_dot(
     out: usize,
     xq: &[Word4],
     xs: &[f32],
+    x0: usize,
+    lo_off: usize,
+    s_off: usize,
     acc: &mut Array<f32>,
     #[comptime] n: usize,
     #[comptime] kind: u32,
@@ -316,7 +383,6 @@ fn rows_dot(
     #[comptime] lanes: usize,
 ) {
     let units = comptime!(n / UNIT);
-    let nblk = comptime!(n / BLOCK);
     let stride = comptime!(row_bytes(kind, n));
     let mut k = UNIT_POS_X as usize;
     while k < units {
@@ -326,7 +392,7 @@ fn rows_dot(
             if row >= out {
                 row = out - 1;
             }
-            acc[r] += unit_dot(w, wv, row * stride, k, xq, xs, nblk, kind);
+            acc[r] += unit_dot(w, wv, row * stride, k, xq, xs, x0, lo_off, s_off, kind);
         }
         k += lanes;
     }
@@ -372,6 +438,7 @@ fn block_fused_kernel<P: Prologue>(
     // The same for every thread of the cube, so the barriers below stay uniform.
     if cube_x * groups * rows < out {
         let nblk = comptime!(n / BLOCK);
+        let row0 = (cube_x * groups + UNIT_POS_Y as usize) * rows;
         let mut xq = Shared::<[Word4]>::new_slice(comptime!(2 * nblk));
         let mut xs = Shared::<[f32]>::new_slice(nblk);
         P::split_row(
@@ -385,28 +452,136 @@ fn block_fused_kernel<P: Prologue>(
             lanes * groups,
         );
         sync_cube();
-        let row0 = (cube_x * groups + UNIT_POS_Y as usize) * rows;
         let t0 = CUBE_POS_Y as usize;
         let mut acc = zeros(rows);
         if z == 0 {
-            rows_dot(w0, wv0, row0, out0, &xq, &xs, &mut acc, n, k0, rows, lanes);
+            rows_dot(
+                w0, wv0, row0, out0, &xq, &xs, 0usize, nblk, 0usize, &mut acc, n, k0, rows, lanes,
+            );
             write_rows(
                 &acc, w0, bias0, y0, t_total, out0, row0, t0, 1usize, rows, lanes, groups, false,
                 has_bias, bias_each,
             );
         } else if z == 1 {
-            rows_dot(w1, wv1, row0, out1, &xq, &xs, &mut acc, n, k1, rows, lanes);
+            rows_dot(
+                w1, wv1, row0, out1, &xq, &xs, 0usize, nblk, 0usize, &mut acc, n, k1, rows, lanes,
+            );
             write_rows(
                 &acc, w1, bias1, y1, t_total, out1, row0, t0, 1usize, rows, lanes, groups, false,
                 has_bias, bias_each,
             );
         } else {
-            rows_dot(w2, wv2, row0, out2, &xq, &xs, &mut acc, n, k2, rows, lanes);
+            rows_dot(
+                w2, wv2, row0, out2, &xq, &xs, 0usize, nblk, 0usize, &mut acc, n, k2, rows, lanes,
+            );
             write_rows(
                 &acc, w2, bias2, y2, t_total, out2, row0, t0, 1usize, rows, lanes, groups, false,
                 has_bias, bias_each,
             );
         }
+    }
+}
+
+/// One product of a split in memory, read where it lies: cube row `t` reads row `t` of the
+/// split of `CUBE_COUNT_Y` rows (high plane, low plane, scales) through the device's caches,
+/// with no prologue and no copy into shared memory. For a wide input (a 7B down projection's
+/// split is 42.6 KB) the copy each cube made was most of the product's time, and the shared
+/// memory it held kept cubes off the multiprocessors.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn block_split_kernel(
+    sq: &[Word4],
+    ss: &[f32],
+    w0: &[u32],
+    wv0: &[Word4],
+    bias0: &[f32],
+    y0: &mut [f32],
+    out0: usize,
+    t_total: usize,
+    #[comptime] n: usize,
+    #[comptime] k0: u32,
+    #[comptime] rows: usize,
+    #[comptime] lanes: usize,
+    #[comptime] groups: usize,
+    #[comptime] has_bias: bool,
+    #[comptime] bias_each: bool,
+) {
+    let cube_x = CUBE_POS_X as usize;
+    if cube_x * groups * rows < out0 {
+        let nblk = comptime!(n / BLOCK);
+        let t0 = CUBE_POS_Y as usize;
+        let plane = CUBE_COUNT_Y as usize * nblk;
+        let row0 = (cube_x * groups + UNIT_POS_Y as usize) * rows;
+        let mut acc = zeros(rows);
+        rows_dot(
+            w0,
+            wv0,
+            row0,
+            out0,
+            sq,
+            ss,
+            t0 * nblk,
+            plane,
+            8 * plane,
+            &mut acc,
+            n,
+            k0,
+            rows,
+            lanes,
+        );
+        write_rows(
+            &acc, w0, bias0, y0, t_total, out0, row0, t0, 1usize, rows, lanes, groups, false,
+            has_bias, bias_each,
+        );
+    }
+}
+
+/// Launches [`block_split_kernel`]: one product of the split of `t` rows in `split` (`len`
+/// words), one row a group (more cubes, each shorter: at 7B on an H100 the down projection
+/// took 914 µs a step against 1022 with four rows and 1484 copying the split).
+///
+/// # Safety
+///
+/// As for [`launch`]; `split` holds `len` words, the split of `t` rows of `n` values.
+pub(super) unsafe fn launch_split(
+    client: &Client,
+    split: &Handle,
+    len: usize,
+    t: usize,
+    n: usize,
+    w: &BlockPart<'_>,
+) {
+    let tuning = DotTuning {
+        rows: 1,
+        ..shape(w.out, n)
+    };
+    let has_bias = w.bias.is_some();
+    let bias_each = w.bias.is_some_and(|b| b.each);
+    let (count, dim) = grid(w.out, t, 1, tuning.lanes, tuning.groups, tuning.rows);
+    let bias_len = w.bias.map_or(1, |b| if b.each { t * w.out } else { w.out });
+    // SAFETY: the caller vouches for the split's `len` words and the part's lengths; the kernel
+    // clamps every row to `out` and reads row `t < CUBE_COUNT_Y` of the split.
+    unsafe {
+        block_split_kernel::launch_unchecked(
+            client,
+            count,
+            dim,
+            BufferArg::from_raw_parts(split.clone(), len / 4),
+            BufferArg::from_raw_parts(split.clone(), len),
+            BufferArg::from_raw_parts(w.bytes.clone(), w.words()),
+            BufferArg::from_raw_parts(w.bytes.clone(), w.vectors()),
+            BufferArg::from_raw_parts(w.bias.map_or(w.bytes, |b| b.handle).clone(), bias_len),
+            BufferArg::from_raw_parts(w.y.clone(), t * w.out),
+            w.out,
+            t,
+            n,
+            w.kind(),
+            tuning.rows,
+            tuning.lanes,
+            tuning.groups,
+            has_bias,
+            bias_each,
+        );
     }
 }
 
@@ -432,6 +607,15 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
     let nblk = comptime!(n / BLOCK);
     let t = CUBE_POS_Y as usize;
     let row = CUBE_POS_X as usize * BLOCK + UNIT_POS_Y as usize;
+    let mut raw = Array::<Word4>::new(4usize);
+    let both_q4k = comptime!(ka == Q4_K && kb == Q4_K);
+    // A Q4_K pair's first units are asked for before the prologue, so their fetch overlaps the
+    // norm.
+    if comptime!(both_q4k) {
+        let k = UNIT_POS_X as usize;
+        q4k_fetch(wva, row * comptime!(row_bytes(ka, n)), k, &mut raw, 0usize);
+        q4k_fetch(wvb, row * comptime!(row_bytes(kb, n)), k, &mut raw, 2usize);
+    }
     let mut xq = Shared::<[Word4]>::new_slice(comptime!(2 * nblk));
     let mut xs = Shared::<[f32]>::new_slice(nblk);
     P::split_row(
@@ -453,10 +637,49 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
     let mut a = 0.0f32;
     let mut b = 0.0f32;
     let mut k = UNIT_POS_X as usize;
-    while k < units {
-        a += unit_dot(wa, wva, row * stride_a, k, &xq, &xs, nblk, ka);
-        b += unit_dot(wb, wvb, row * stride_b, k, &xq, &xs, nblk, kb);
-        k += lanes;
+    if comptime!(both_q4k) {
+        // Each step asks for the next step's units before it multiplies this one's.
+        while k < units {
+            let kn = ahead(k, lanes, units);
+            let mut next = Array::<Word4>::new(4usize);
+            q4k_fetch(wva, row * stride_a, kn, &mut next, 0usize);
+            q4k_fetch(wvb, row * stride_b, kn, &mut next, 2usize);
+            a += q4k_unit_dot(raw[0], raw[1], k, &xq, &xs, 0usize, nblk, 0usize);
+            b += q4k_unit_dot(raw[2], raw[3], k, &xq, &xs, 0usize, nblk, 0usize);
+            #[unroll]
+            for i in 0..4usize {
+                raw[i] = next[i];
+            }
+            k += lanes;
+        }
+    } else {
+        while k < units {
+            a += unit_dot(
+                wa,
+                wva,
+                row * stride_a,
+                k,
+                &xq,
+                &xs,
+                0usize,
+                nblk,
+                0usize,
+                ka,
+            );
+            b += unit_dot(
+                wb,
+                wvb,
+                row * stride_b,
+                k,
+                &xq,
+                &xs,
+                0usize,
+                nblk,
+                0usize,
+                kb,
+            );
+            k += lanes;
+        }
     }
     pair_and_split::<C>(a, b, 1.0, 1.0, out_q, out_s, lanes);
 }

@@ -402,10 +402,11 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
     Ok(())
 }
 
-/// Enqueues one product over a split in memory (as [`product`]) whose cubes fetch their
-/// weights before they copy the split into shared memory, so the wait on the weights overlaps
-/// the split's: for a product whose input a launch just wrote ([`paired_products`]). Rows of at
-/// most [`fused_max_in`] values.
+/// Enqueues one product over a split in memory (as [`product`]) for a product whose input a
+/// launch just wrote ([`paired_products`]). Over q8 rows its cubes fetch their weights before
+/// they copy the split into shared memory, so the wait on the weights overlaps the split's
+/// (rows of at most [`fused_max_in`] values); over block rows they read the split where it
+/// lies, with no copy and no limit on the width.
 ///
 /// # Errors
 ///
@@ -416,6 +417,14 @@ pub fn staged_product(
     product: Product<'_>,
 ) -> Result<(), DirectError> {
     let len = split_words(rows, product.weight.in_features());
+    let (client, inp, kernel_parts) = checked(rows, std::slice::from_ref(&product))?;
+    if let Parts::Blocks(parts) = kernel_parts {
+        check("split", split, len)?;
+        // SAFETY: `checked` checked the part's sizes and layout, and the split holds `len`
+        // words, `rows` rows of the weight's width.
+        unsafe { blocks::launch_split(client, split, len, rows, inp, &parts[0]) };
+        return Ok(());
+    }
     let input = staged_input(split, len);
     // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the weight's
     // width, within the `len` words checked against the buffer.

@@ -12,8 +12,9 @@
 //! cubes and a sixth launch combines them); the o-projection adding the residual; gate and
 //! up, norming as q/k/v do, each cube computing sixteen rows of both and writing their
 //! `silu(gate) * up` as one split block
-//! (`paired_products`); and the down projection, its cubes fetching their weights before
-//! they copy that split (`staged_product`), adding the residual. The
+//! (`paired_products`); and the down projection reading that split (`staged_product`: q8
+//! cubes fetch their weights before they copy it, block cubes read it in place), adding the
+//! residual. The
 //! choice runs on the device too, greedy or top-p (the host writes the sampler's draws once, by
 //! position), and writes the next token's id where the next step reads it: the host only reads
 //! ids back.
