@@ -145,6 +145,12 @@ impl DirectWeight {
         }
     }
 
+    /// Whether [`staged_product`] reads its input's split in place (block rows: any width)
+    /// rather than copying it into shared memory (q8 rows: at most [`fused_max_in`] values).
+    pub fn reads_split_in_place(&self) -> bool {
+        matches!(self.inner, Inner::Blocks { .. })
+    }
+
     /// What its rows hold: `"q8"`, or the GGUF block type's name.
     pub fn format(&self) -> &'static str {
         match &self.inner {

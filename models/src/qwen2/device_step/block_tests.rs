@@ -215,9 +215,10 @@ fn paired_block_products_and_the_staged_product_after_them_match_the_f64_referen
 #[test]
 fn staged_block_products_at_the_mlp_widths_match_the_f64_reference() {
     let Some(c) = client() else { return };
-    // The down projections' widths, 0.5B's 4864 in both of its down types and 1.5B's 8960
-    // (which a cube's shared memory stages on lavapipe too), three rows read from
-    // a split in memory; odd row counts over 40 outputs, a residual added.
+    // The down projections' widths, 0.5B's 4864 in both of its down types, 1.5B's 8960, 7B's
+    // 18944 and 32B's 27648 (wider than any cube's shared memory on lavapipe: the split is read
+    // in place), three rows read from a split in memory; odd row counts over 40 outputs, a
+    // residual added.
     let cases = [
         (4864usize, GgmlType::Q4_K),
         (4864, GgmlType::Q6_K),
@@ -225,6 +226,9 @@ fn staged_block_products_at_the_mlp_widths_match_the_f64_reference() {
         (8960, GgmlType::Q6_K),
         (4864, GgmlType::Q8_0),
         (4864, GgmlType::Q5_0),
+        (18944, GgmlType::Q4_K),
+        (18944, GgmlType::Q6_K),
+        (27648, GgmlType::Q4_K),
     ];
     let (rows, out) = (3usize, 40usize);
     for (case, (n, ty)) in cases.into_iter().enumerate() {

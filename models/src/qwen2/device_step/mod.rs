@@ -34,8 +34,9 @@
 //! compilation is most of a short prompt's time to its first token.
 //!
 //! It takes a model whose projections and LM head are q8 or a GGUF's own blocks (Q8_0, Q5_0,
-//! Q4_K, Q6_K, read as the file holds them), with rows of whole blocks at most
-//! `fused_max_in` values wide (what a cube's shared memory holds on the device), and whose
+//! Q4_K, Q6_K, read as the file holds them), with rows of whole blocks whose hidden width (and
+//! over q8, MLP width) is at most `fused_max_in` values (what a cube's shared memory holds on
+//! the device), and whose
 //! other parameters are `f32`, on a CubeCL device; its embedding f32 (whole or in row blocks: a
 //! lookup per block) or GGUF blocks (each looked-up row dequantized on the device); its head
 //! whole or in row blocks (a product and a copy per block). Anything else
@@ -555,12 +556,21 @@ impl DeviceDecoder {
             )));
         }
         let client = head[0].0.client().clone();
+        // The products after a norm stage `hidden` values in shared memory; the down
+        // projection stages `inter` only over q8 rows (over blocks it reads its split in place).
+        let staged = if layers
+            .iter()
+            .all(|(_, _, w, _)| w[6].reads_split_in_place())
+        {
+            hidden
+        } else {
+            hidden.max(inter)
+        };
         let widest_in = fused_max_in(&client);
-        if hidden.max(inter) > widest_in {
+        if staged > widest_in {
             return Err(refused(format!(
-                "rows of {} values are wider than a fused product stages in this device's \
-                 shared memory ({widest_in} values)",
-                hidden.max(inter)
+                "rows of {staged} values are wider than a fused product stages in this device's \
+                 shared memory ({widest_in} values)"
             )));
         }
         let widest = head
