@@ -250,10 +250,9 @@ fn unit_decode(
         coef[2] = d;
         coef[3] = 16.0 * d;
     } else if comptime!(kind == Q4_K) {
-        let o = base + 144 * (k / 8);
-        let head = wv[o / 16];
-        let q = wv[(o + 16 + 16 * (k % 8)) / 16];
-        first = q4k_decode(head, q, k, lo, hi, coef);
+        let mut raw = Array::<Word4>::new(2usize);
+        q4k_fetch(wv, base, k, &mut raw, 0usize);
+        first = q4k_decode(raw[0], raw[1], k, lo, hi, coef);
     } else {
         // Q6_K, unit u of 8: half n of the super-block, quarter pair g (g and g + 2 share
         // their low-bit bytes), half h of each quarter.
@@ -558,21 +557,21 @@ pub(super) unsafe fn launch_split(
     let has_bias = w.bias.is_some();
     let bias_each = w.bias.is_some_and(|b| b.each);
     let (count, dim) = grid(w.out, t, 1, tuning.lanes, tuning.groups, tuning.rows);
-    let bias_len = w.bias.map_or(1, |b| if b.each { t * w.out } else { w.out });
     // SAFETY: the caller vouches for the split's `len` words and the part's lengths; the kernel
     // clamps every row to `out` and reads row `t < CUBE_COUNT_Y` of the split.
     unsafe {
+        let (words, vectors, bias, y, out) = w.args(t);
         block_split_kernel::launch_unchecked(
             client,
             count,
             dim,
             BufferArg::from_raw_parts(split.clone(), len / 4),
             BufferArg::from_raw_parts(split.clone(), len),
-            BufferArg::from_raw_parts(w.bytes.clone(), w.words()),
-            BufferArg::from_raw_parts(w.bytes.clone(), w.vectors()),
-            BufferArg::from_raw_parts(w.bias.map_or(w.bytes, |b| b.handle).clone(), bias_len),
-            BufferArg::from_raw_parts(w.y.clone(), t * w.out),
-            w.out,
+            words,
+            vectors,
+            bias,
+            y,
+            out,
             t,
             n,
             w.kind(),
@@ -812,6 +811,30 @@ impl BlockPart<'_> {
     fn kind(&self) -> u32 {
         kind(self.layout).expect("a block type the kernels read, checked by the caller")
     }
+
+    /// The product kernels' arguments for this part over `t` activation rows: its bytes as
+    /// words and as vectors, its addend (`out` f32, `t * out` for one per element, or one word
+    /// of the weight standing in for none), its output (`t * out` f32) and `out`.
+    ///
+    /// # Safety
+    ///
+    /// The part's buffers hold what its fields say for `t` rows.
+    unsafe fn args(&self, t: usize) -> (BufferArg, BufferArg, BufferArg, BufferArg, usize) {
+        let bias_len = self
+            .bias
+            .map_or(1, |b| if b.each { t * self.out } else { self.out });
+        let bias = self.bias.map_or(self.bytes, |b| b.handle);
+        // SAFETY: the caller vouches for the lengths; a missing addend is never read.
+        unsafe {
+            (
+                BufferArg::from_raw_parts(self.bytes.clone(), self.words()),
+                BufferArg::from_raw_parts(self.bytes.clone(), self.vectors()),
+                BufferArg::from_raw_parts(bias.clone(), bias_len),
+                BufferArg::from_raw_parts(self.y.clone(), t * self.out),
+                self.out,
+            )
+        }
+    }
 }
 
 /// [`fused::launch`](super::fused) over block weights, each part with its addend and output.
@@ -842,19 +865,7 @@ pub(super) unsafe fn launch<P: Prologue>(
     let kinds = [at(0).kind(), at(1).kind(), at(2).kind()];
     // SAFETY: the caller vouches for each part's lengths; the grid's third axis stops at the
     // parts given, so a repeated last part is bound but never run.
-    let mut args = (0..3).map(|i| {
-        let w = at(i);
-        let bias_len = w.bias.map_or(1, |b| if b.each { t * w.out } else { w.out });
-        unsafe {
-            (
-                BufferArg::from_raw_parts(w.bytes.clone(), w.words()),
-                BufferArg::from_raw_parts(w.bytes.clone(), w.vectors()),
-                BufferArg::from_raw_parts(w.bias.map_or(w.bytes, |b| b.handle).clone(), bias_len),
-                BufferArg::from_raw_parts(w.y.clone(), t * w.out),
-                w.out,
-            )
-        }
-    });
+    let mut args = (0..3).map(|i| unsafe { at(i).args(t) });
     let (w0, v0, b0, y0, o0) = args.next().expect("three parts");
     let (w1, v1, b1, y1, o1) = args.next().expect("three parts");
     let (w2, v2, b2, y2, o2) = args.next().expect("three parts");

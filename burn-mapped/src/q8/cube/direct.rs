@@ -424,17 +424,23 @@ pub fn staged_product(
 ) -> Result<(), DirectError> {
     let len = split_words(rows, product.weight.in_features());
     let (client, inp, kernel_parts) = checked(rows, std::slice::from_ref(&product))?;
-    if let Parts::Blocks(parts) = kernel_parts {
-        check("split", split, len)?;
-        // SAFETY: `checked` checked the part's sizes and layout, and the split holds `len`
-        // words, `rows` rows of the weight's width.
-        unsafe { blocks::launch_split(client, split, len, rows, inp, &parts[0]) };
-        return Ok(());
+    match kernel_parts {
+        Parts::Blocks(parts) => {
+            check("split", split, len)?;
+            // SAFETY: `checked` checked the part's sizes and layout, and the split holds `len`
+            // words, `rows` rows of the weight's width.
+            unsafe { blocks::launch_split(client, split, len, rows, inp, &parts[0]) };
+        }
+        Parts::Q8(parts) => {
+            let input = staged_input(split, len);
+            check_prologue(client, &input, inp)?;
+            // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the
+            // weight's width, within the `len` words checked against the buffer; `checked`
+            // checked the part's sizes and addend.
+            unsafe { fused::launch::<StagedSplit>(client, input, rows, inp, &parts) };
+        }
     }
-    let input = staged_input(split, len);
-    // SAFETY: `StagedSplit` reads row `t < rows` of a split of `rows` rows of the weight's
-    // width, within the `len` words checked against the buffer.
-    unsafe { fused_products::<StagedSplit>(input, rows, &[product]) }
+    Ok(())
 }
 
 /// A split of `len` words in memory as [`StagedSplit`] reads it.
