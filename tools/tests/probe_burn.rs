@@ -1,5 +1,6 @@
-//! The Burn-device probe on Flex: every arm runs over all of W and reads what a plain
-//! word-by-word sum says the files hold. No timing is asserted.
+//! The Burn-device probe on Flex (and on the wgpu adapter, with `gpu-tests`): every arm runs
+//! over all of W and reads what a plain word-by-word sum says the files hold. No timing is
+//! asserted.
 
 use std::path::PathBuf;
 
@@ -79,4 +80,45 @@ fn rejects_zero_passes_and_wordless_files() {
         probe_on(&Device::flex(), "cpu", &[tiny], &BurnProbeConfig::default()),
         Err(burn_mapped_tools::probe::ProbeError::EmptyWorkingSet { count: 1 })
     ));
+}
+
+/// On the wgpu adapter (lavapipe in CI, whose bindings hold 128 MiB), a file wider than the
+/// device's largest binding: the probe reads it in pieces that each bind, and every arm sums
+/// every word (each piece's 32-bit sum sign-extended, as the probe adds them), where reading
+/// the whole file as one tensor failed the device.
+#[cfg(feature = "gpu-tests")]
+#[test]
+fn a_file_wider_than_the_devices_binding_is_read_in_pieces() {
+    let Some(device) = burn_mapped_tests::gpu::wgpu_device() else {
+        return;
+    };
+    let Some(binding) = burn_mapped::placement::max_binding(&device) else {
+        panic!("a wgpu device reports its largest binding");
+    };
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let bytes = pattern(binding as usize + (4 << 10) + 3, 7);
+    let path = write_file(tmp.path(), "wide.tensor", &bytes);
+    let config = BurnProbeConfig {
+        warmup_passes: 1,
+        passes: 1,
+    };
+    let report = probe_on(&device, "wgpu", &[path], &config).expect("the probe reads in pieces");
+    assert_eq!(report.file_count, 1);
+    assert_eq!(report.working_set_bytes, bytes.len() as u64 / 4 * 4);
+    let pieces: Vec<Vec<u8>> = bytes[..bytes.len() / 4 * 4]
+        .chunks(binding as usize)
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert_eq!(pieces.len(), 2);
+    assert_eq!(report.checksum, reference(&pieces));
+    for (name, arm) in [
+        ("resident", &report.resident),
+        ("per-use copy", &report.per_use_copy),
+    ] {
+        assert!(
+            matches!(arm.rate, ArmRate::Measured { gbps } if gbps > 0.0),
+            "{name}: {:?}",
+            arm.rate
+        );
+    }
 }

@@ -66,7 +66,7 @@ pub fn probe_on(
     config: &BurnProbeConfig,
 ) -> Result<ProbeReport, ProbeError> {
     super::check_passes(config.warmup_passes, config.passes)?;
-    let sources = adopt(files)?;
+    let (sources, file_count) = adopt(files, burn_mapped::placement::max_binding(device))?;
     let w: u64 = sources
         .iter()
         .map(|t| t.shape().num_elements() as u64 * 4)
@@ -80,7 +80,7 @@ pub fn probe_on(
 
     let start = Instant::now();
     let resident: Vec<Tensor<1, Int>> = sources.iter().map(|t| stager.stage(t.clone())).collect();
-    let resident_checksum = read_all(&resident);
+    let resident_checksum = read_all(name, &resident)?;
     let resident_copy_seconds = start.elapsed().as_secs_f64();
 
     let mut passes = Passes {
@@ -94,11 +94,11 @@ pub fn probe_on(
             let start = Instant::now();
             let sum = match arm {
                 Placement::Map if !map_available => continue,
-                Placement::Map => read_all(&sources),
-                Placement::Resident => read_all(&resident),
-                Placement::PerUseCopy => sources.iter().fold(0u64, |acc, t| {
-                    acc.wrapping_add(read(stager.stage(t.clone())))
-                }),
+                Placement::Map => read_all(name, &sources)?,
+                Placement::Resident => read_all(name, &resident)?,
+                Placement::PerUseCopy => sources.iter().try_fold(0u64, |acc, t| {
+                    Ok::<_, ProbeError>(acc.wrapping_add(read(name, stager.stage(t.clone()))?))
+                })?,
             };
             let elapsed = start.elapsed().as_secs_f64();
             passes.record(arm, round, config.warmup_passes, sum, elapsed)?;
@@ -129,7 +129,7 @@ pub fn probe_on(
     Ok(ProbeReport {
         device: format!("{name} (burn)"),
         cpu_tier: None,
-        file_count: sources.len(),
+        file_count,
         working_set_bytes: w,
         threads: 1,
         warmup_passes: config.warmup_passes,
@@ -148,10 +148,16 @@ pub fn probe_on(
     })
 }
 
-/// One Flex `I32` tensor per non-empty file, adopting the file's read-only shared mapping.
-fn adopt(files: &[PathBuf]) -> Result<Vec<Tensor<1, Int>>, ProbeError> {
+/// Flex `I32` tensors adopting each non-empty file's read-only shared mapping, in pieces of at
+/// most `max_bytes` (a device's largest binding: a 491 MB GGUF is one tensor nowhere on
+/// lavapipe, whose bindings hold 128 MiB), and how many files they hold.
+fn adopt(
+    files: &[PathBuf],
+    max_bytes: Option<u64>,
+) -> Result<(Vec<Tensor<1, Int>>, usize), ProbeError> {
     let flex = Device::flex();
     let mut tensors = Vec::with_capacity(files.len());
+    let mut read = 0;
     for path in files {
         let file = super::open_probed(path)?;
         // SAFETY: a read-only shared mapping this process never writes; another process
@@ -165,24 +171,39 @@ fn adopt(files: &[PathBuf]) -> Result<Vec<Tensor<1, Int>>, ProbeError> {
         if words == 0 {
             continue;
         }
-        let shared = bytes::Bytes::from_owner(map).slice(..words * 4);
-        let data = TensorData::from_bytes(
-            Bytes::from_shared(shared, AllocationProperty::File),
-            [words],
-            DType::I32,
-        );
-        tensors.push(Tensor::from_data(data, &flex));
+        read += 1;
+        let shared = bytes::Bytes::from_owner(map);
+        let piece = max_bytes.map_or(words, |b| (b / 4).max(1) as usize);
+        for first in (0..words).step_by(piece) {
+            let n = piece.min(words - first);
+            let data = TensorData::from_bytes(
+                Bytes::from_shared(
+                    shared.slice(4 * first..4 * (first + n)),
+                    AllocationProperty::File,
+                ),
+                [n],
+                DType::I32,
+            );
+            tensors.push(Tensor::from_data(data, &flex));
+        }
     }
-    Ok(tensors)
+    Ok((tensors, read))
 }
 
-/// Sums one tensor on its device and reads the scalar back (which waits for the kernel).
-fn read(t: Tensor<1, Int>) -> u64 {
-    t.sum().into_scalar::<i64>() as u64
+/// Sums one tensor on its device and reads the scalar back (which waits for the kernel); a
+/// device that fails it (lavapipe's binding limits, a lost device) is an error naming it.
+fn read(name: &str, t: Tensor<1, Int>) -> Result<u64, ProbeError> {
+    t.sum()
+        .try_into_scalar::<i64>()
+        .map(|sum| sum as u64)
+        .map_err(|e| ProbeError::Device {
+            device: name.to_string(),
+            message: e.to_string(),
+        })
 }
 
-fn read_all(tensors: &[Tensor<1, Int>]) -> u64 {
+fn read_all(name: &str, tensors: &[Tensor<1, Int>]) -> Result<u64, ProbeError> {
     tensors
         .iter()
-        .fold(0u64, |acc, t| acc.wrapping_add(read(t.clone())))
+        .try_fold(0u64, |acc, t| Ok(acc.wrapping_add(read(name, t.clone())?)))
 }

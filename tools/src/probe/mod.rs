@@ -183,6 +183,8 @@ pub enum ProbeError {
         found: u64,
         expected: u64,
     },
+    #[error("the {device} device failed the probe's read: {message}")]
+    Device { device: String, message: String },
     #[error("mincore failed on the mapping of {}", path.display())]
     Residency { path: PathBuf, source: io::Error },
     #[error("probe setting `{field}` {problem}")]
