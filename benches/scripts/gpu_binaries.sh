@@ -13,7 +13,8 @@
 # q8-step; `gguf-step` is the GGUF read in place, its blocks on the device) and `llama`;
 # default "main new span64 llama"; llama.cpp is built only where an arm is `llama`. SIZES:
 # 0.5b and/or 7b (default 0.5b; 7b is made from benches/data's header); ARMS_7B overrides
-# ARMS for 7b. TOKENS (default 1024), ROUNDS (3).
+# ARMS for 7b. TOKENS (default 1024), ROUNDS (3). LONG (default 0): each arm's first token also
+# on the plain sentence repeated LONG times (40: ~480 tokens), with the prompt's own ms.
 #
 #   OUT=out bash benches/scripts/gpu_binaries.sh                     # the tg1024 comparison
 #   OUT=out SIZES="7b 0.5b" TOKENS=128 ROUNDS=2 ARMS="a:gguf-step a:q8-step llama" \
@@ -65,7 +66,7 @@ for size in $sizes; do
       fi
       tag=$size-${a/:/-}-r$r
       python3 benches/python/gpu_decode.py $x --gguf $w/speed-$size.gguf --tokens $tokens --rounds 1 \
-        --long-prompt 0 --cache-dir $w/cache-$size \
+        --long-prompt ${LONG:-0} --cache-dir $w/cache-$size \
         --label "$size speed-test GGUF, random blocks, tg$tokens, $a" --commit "$a" \
         --gpu "$gpu" --json $w/run-$tag.json > $w/run-$tag.log 2>&1 || tail -5 $w/run-$tag.log
     done
@@ -80,17 +81,25 @@ for f in sorted(glob.glob(f"{w}/run-*.json")):
     d = json.load(open(f))
     runs[os.path.basename(f)] = d
     key = re.sub(r"^run-|-r\d+\.json$", "", os.path.basename(f))
-    s = summary.setdefault(key, {"tok_s": [], "first_token_ms": [], "first_use": d.get("first_use")})
+    s = summary.setdefault(key, {"tok_s": [], "first_token_ms": [], "prompt_ms": [],
+                                 "long_first_token_ms": [], "long_prompt_ms": [],
+                                 "first_use": d.get("first_use")})
     for recs in d["records"].values():
         s["tok_s"] += [r["tok_s"] for r in recs]
     for fts in d["first_token"].values():
         s["first_token_ms"] += [ft["wall_ms"] for ft in fts]
+        s["prompt_ms"] += [ft["prompt_ms"] for ft in fts]
+    for fts in d.get("first_token_long", {}).values():
+        s["long_first_token_ms"] += [ft["wall_ms"] for ft in fts]
+        s["long_prompt_ms"] += [ft["prompt_ms"] for ft in fts]
 for key, s in summary.items():
     v = s["tok_s"]
     s["median"], s["min"], s["max"] = statistics.median(v), min(v), max(v)
     ft = s["first_token_ms"]
     print(f"{key:28} tok/s {[round(x, 1) for x in v]} median {s['median']:.1f}"
-          f" | first token ms {[round(x) for x in ft]} | first use {s['first_use']}")
+          f" | first token ms {[round(x) for x in ft]} (prompt {[round(x) for x in s['prompt_ms']]})"
+          f" | long {[round(x) for x in s['long_first_token_ms']]}"
+          f" (prompt {[round(x) for x in s['long_prompt_ms']]}) | first use {s['first_use']}")
 with open(f"{out}/binaries.json", "w") as f:
     json.dump({"summary": summary, "runs": runs}, f, indent=1)
 PY

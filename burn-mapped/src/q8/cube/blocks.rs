@@ -24,7 +24,7 @@
 //! Two choices make a step's wide products shorter chains of waits (7B on an H100: 3.36 ms of
 //! device time a token against 4.00). A product whose input is a split already in memory (the
 //! down projection's, written by gate/up) reads it where it lies, through the caches, instead
-//! of every cube copying it into shared memory first ([`block_split_kernel`]): down 1.48 →
+//! of every cube copying it into shared memory first ([`block_tile_kernel`]): down 1.48 →
 //! 0.91 ms a token. And a Q4_K gate/up pair asks for its first units before the prologue and
 //! for each step's next units before it multiplies the current ones: gate/up 1.64 → 1.55 ms.
 
@@ -33,7 +33,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::common::{f16_bits_to_f32, grid, write_rows, zeros};
+use super::common::{clamped_bases, f16_bits_to_f32, grid, write_rows, zeros};
 use super::dot::{Addend, Word4};
 use super::fused::{Prologue, PrologueInput, part_rows};
 use super::paired::{Pairing, pair_and_split};
@@ -481,14 +481,17 @@ fn block_fused_kernel<P: Prologue>(
     }
 }
 
-/// One product of a split in memory, read where it lies: cube row `t` reads row `t` of the
-/// split of `CUBE_COUNT_Y` rows (high plane, low plane, scales) through the device's caches,
-/// with no prologue and no copy into shared memory. For a wide input (a 7B down projection's
-/// split is 42.6 KB) the copy each cube made was most of the product's time, and the shared
-/// memory it held kept cubes off the multiprocessors.
+/// One product of a split in memory, read where it lies: cube row `y` takes activation rows
+/// `y * tile..(y + 1) * tile` of the split of `t_total` rows (high plane, low plane, scales; a
+/// row past `t_total` reads the last and is not written) through the device's caches, with no
+/// prologue and no copy into shared memory, one output row a group. For a wide input (a 7B
+/// down projection's split is 42.6 KB) the copy each cube made was most of the product's
+/// time, and the shared memory it held kept cubes off the multiprocessors. A prompt's rows
+/// take tiles of [`TILE`](crate::q8::tuning::TILE): each unit of the weight is decoded once
+/// for all of them, so the weight is read once per tile instead of once per row.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn block_split_kernel(
+fn block_tile_kernel(
     sq: &[Word4],
     ss: &[f32],
     w0: &[u32],
@@ -499,45 +502,63 @@ fn block_split_kernel(
     t_total: usize,
     #[comptime] n: usize,
     #[comptime] k0: u32,
-    #[comptime] rows: usize,
+    #[comptime] tile: usize,
     #[comptime] lanes: usize,
     #[comptime] groups: usize,
     #[comptime] has_bias: bool,
     #[comptime] bias_each: bool,
 ) {
     let cube_x = CUBE_POS_X as usize;
-    if cube_x * groups * rows < out0 {
+    if cube_x * groups < out0 {
         let nblk = comptime!(n / BLOCK);
-        let t0 = CUBE_POS_Y as usize;
-        let plane = CUBE_COUNT_Y as usize * nblk;
-        let row0 = (cube_x * groups + UNIT_POS_Y as usize) * rows;
-        let mut acc = zeros(rows);
-        rows_dot(
-            w0,
-            wv0,
-            row0,
-            out0,
-            sq,
-            ss,
-            t0 * nblk,
-            plane,
-            8 * plane,
-            &mut acc,
-            n,
-            k0,
-            rows,
-            lanes,
-        );
+        let units = comptime!(n / UNIT);
+        let stride = comptime!(row_bytes(k0, n));
+        let second = comptime!(second_block(k0));
+        let offset = comptime!(k0 != Q8_0);
+        let plane = t_total * nblk;
+        let t0 = CUBE_POS_Y as usize * tile;
+        let row0 = cube_x * groups + UNIT_POS_Y as usize;
+        let mut row = row0;
+        if row >= out0 {
+            row = out0 - 1;
+        }
+        let x0 = clamped_bases(t0, t_total, nblk, tile);
+        let mut acc = zeros(tile);
+        let mut lo = Array::<u32>::new(4usize);
+        let mut hi = Array::<u32>::new(4usize);
+        let mut coef = Array::<f32>::new(4usize);
+        let mut k = UNIT_POS_X as usize;
+        while k < units {
+            let b = unit_decode(w0, wv0, row * stride, k, &mut lo, &mut hi, &mut coef, k0);
+            #[unroll]
+            for j in 0..tile {
+                let at = x0[j] + b;
+                acc[j] += block_dot(&lo, sq, ss, at, plane, 8 * plane, coef[0], coef[1], offset)
+                    + block_dot(
+                        &hi,
+                        sq,
+                        ss,
+                        at + second,
+                        plane,
+                        8 * plane,
+                        coef[2],
+                        coef[3],
+                        offset,
+                    );
+            }
+            k += lanes;
+        }
         write_rows(
-            &acc, w0, bias0, y0, t_total, out0, row0, t0, 1usize, rows, lanes, groups, false,
+            &acc, w0, bias0, y0, t_total, out0, row0, t0, tile, 1usize, lanes, groups, false,
             has_bias, bias_each,
         );
     }
 }
 
-/// Launches [`block_split_kernel`]: one product of the split of `t` rows in `split` (`len`
-/// words), one row a group (more cubes, each shorter: at 7B on an H100 the down projection
-/// took 914 µs a step against 1022 with four rows and 1484 copying the split).
+/// Launches [`block_tile_kernel`]: one product of the split of `t` rows in `split` (`len`
+/// words), `tile` rows a cube: one for a decode step's single row (more cubes, each shorter:
+/// at 7B on an H100 the down projection took 914 µs a step against 1022 with four rows a group
+/// and 1484 copying the split), [`TILE`](crate::q8::tuning::TILE) for a prompt's.
 ///
 /// # Safety
 ///
@@ -549,19 +570,17 @@ pub(super) unsafe fn launch_split(
     t: usize,
     n: usize,
     w: &BlockPart<'_>,
+    tile: usize,
 ) {
-    let tuning = DotTuning {
-        rows: 1,
-        ..shape(w.out, n)
-    };
+    let tuning = shape(w.out, n);
     let has_bias = w.bias.is_some();
     let bias_each = w.bias.is_some_and(|b| b.each);
-    let (count, dim) = grid(w.out, t, 1, tuning.lanes, tuning.groups, tuning.rows);
+    let (count, dim) = grid(w.out, t, tile, tuning.lanes, tuning.groups, 1);
     // SAFETY: the caller vouches for the split's `len` words and the part's lengths; the kernel
-    // clamps every row to `out` and reads row `t < CUBE_COUNT_Y` of the split.
+    // clamps every row to `out` and every activation row to `t`, and writes only those within.
     unsafe {
         let (words, vectors, bias, y, out) = w.args(t);
-        block_split_kernel::launch_unchecked(
+        block_tile_kernel::launch_unchecked(
             client,
             count,
             dim,
@@ -575,7 +594,7 @@ pub(super) unsafe fn launch_split(
             t,
             n,
             w.kind(),
-            tuning.rows,
+            tile,
             tuning.lanes,
             tuning.groups,
             has_bias,

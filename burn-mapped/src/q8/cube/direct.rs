@@ -272,8 +272,11 @@ pub fn product(
     products(split, rows, &[Product { weight, add, y }])
 }
 
-/// Enqueues one to three products over the same split as one launch (q/k/v, gate/up): the
-/// weights share their width and their kind of addend.
+/// Enqueues one to three products over the same split (q/k/v, gate/up): the weights share
+/// their width and their kind of addend. Over q8 rows one launch, its cubes taking several
+/// rows from two rows on; over block rows one launch a product, each cube reading eight rows
+/// of the split where it lies and decoding each unit of its weight row once for all of them
+/// (a prompt's pass reads the weights once per eight positions).
 ///
 /// # Errors
 ///
@@ -429,7 +432,7 @@ pub fn staged_product(
             check("split", split, len)?;
             // SAFETY: `checked` checked the part's sizes and layout, and the split holds `len`
             // words, `rows` rows of the weight's width.
-            unsafe { blocks::launch_split(client, split, len, rows, inp, &parts[0]) };
+            unsafe { blocks::launch_split(client, split, len, rows, inp, &parts[0], 1) };
         }
         Parts::Q8(parts) => {
             let input = staged_input(split, len);
@@ -584,8 +587,16 @@ fn launch(
             // and addends agree.
             unsafe { dot::launch_parts(client, split, rows, &kernel_parts, tuning, tile) };
         }
+        Parts::Blocks(kernel_parts) if tile > 1 => {
+            // A prompt's rows: each cube reads the split where it lies, for a tile of rows.
+            for part in &kernel_parts {
+                // SAFETY: `checked` checked the part's sizes and layout, and the split holds
+                // `len` words, `rows` rows of the weights' width.
+                unsafe { blocks::launch_split(client, split, len, rows, inp, part, TILE) };
+            }
+        }
         Parts::Blocks(kernel_parts) => {
-            // The block kernels copy the split into shared memory, row by row.
+            // Single rows: the block kernels copy the split into shared memory, row by row.
             let input = staged_input(split, len);
             check_prologue(client, &input, inp)?;
             // SAFETY: `StagedSplit` reads row `t < rows` of the split, `len` words checked

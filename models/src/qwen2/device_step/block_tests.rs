@@ -6,13 +6,14 @@ use burn::tensor::{DType, Int, Tensor, TensorData, f16};
 use burn_cubecl::cubecl;
 use burn_mapped::gguf::{BlockLayout, GgmlType, dequantize_to_vec, scale_offsets};
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, Product, fused_products, lookup_rows, paired_products, split_words,
-    staged_product,
+    Addend, DirectWeight, Product, fused_products, lookup_rows, paired_products, products,
+    split_words, staged_product,
 };
 use burn_mapped_tests::synthetic::XorShift;
+use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::kernels;
+use super::kernels::{self, THREADS};
 use super::tests::{
     assert_silu_mul, assert_within, client, floats, norm_input, norm_rows, rms_norm, unsplit,
     upload, upload_u32, values, words,
@@ -258,6 +259,92 @@ fn staged_block_products_at_the_mlp_widths_match_the_f64_reference() {
         }
         assert_within(&floats(&c, &y), &want, &format!("{ty:?} x {n}"));
     }
+}
+
+#[test]
+fn tiled_block_products_of_a_prompts_rows_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // A prompt's products over blocks, eight rows a cube: row counts below, at and past a
+    // tile's edge (a partial last tile), 38 outputs (a partial last cube), every addend, at
+    // the q/k/v and o widths of 0.5B (896) and 7B (3584) and the down widths (4864, 18944).
+    let cases = [
+        (896usize, GgmlType::Q5_0, 7usize, "bias"),
+        (896, GgmlType::Q8_0, 9, "none"),
+        (896, GgmlType::Q5_0, 17, "residual"),
+        (3584, GgmlType::Q4_K, 9, "none"),
+        (3584, GgmlType::Q6_K, 8, "bias"),
+        (4864, GgmlType::Q6_K, 9, "residual"),
+        (18944, GgmlType::Q4_K, 3, "residual"),
+    ];
+    let out = 38usize;
+    for (case, (n, ty, rows, add)) in cases.into_iter().enumerate() {
+        let seed = 700 + 10 * case as u64;
+        let mut x: Vec<f32> = values(rows * n, seed).iter().map(|v| 2.0 * v).collect();
+        x[n..2 * n].iter_mut().for_each(|v| *v *= 1e-3);
+        let (weight, decoded) = block_weight(ty, out, n, seed + 1);
+        let addend = match add {
+            "bias" => values(out, seed + 2),
+            "residual" => values(rows * out, seed + 2),
+            _ => vec![0.0; rows * out],
+        };
+        let split = upload_u32(&c, &host_split(&x));
+        let (ah, y) = (upload(&c, &addend), upload(&c, &vec![f32::NAN; rows * out]));
+        let product = Product {
+            weight: &weight,
+            add: match add {
+                "bias" => Addend::Bias(&ah),
+                "residual" => Addend::Residual(&ah),
+                _ => Addend::None,
+            },
+            y: &y,
+        };
+        products(&split, rows, &[product]).expect("launch");
+        let act: Vec<f64> = unsplit(&host_split(&x), rows * n)
+            .into_iter()
+            .map(|(value, _)| value)
+            .collect();
+        let mut want = bounds(&act, &decoded, n, false);
+        for (i, value) in want.iter_mut().enumerate() {
+            value.0 += f64::from(addend[if add == "bias" { i % out } else { i }]);
+        }
+        assert_within(
+            &floats(&c, &y),
+            &want,
+            &format!("{ty:?} x {n}, {rows} rows"),
+        );
+    }
+}
+
+#[test]
+fn a_prompts_gate_and_up_rows_join_into_the_down_projections_split() {
+    let Some(c) = client() else { return };
+    // 9 rows of 0.5B's MLP width: the tiled prefill's `silu(gate) * up`, split.
+    let (rows, n) = (9usize, 4864usize);
+    let g: Vec<f32> = values(rows * n, 31).iter().map(|v| 6.0 * v).collect();
+    let u: Vec<f32> = values(rows * n, 32).iter().map(|v| 3.0 * v).collect();
+    let blocks = rows * n / 16;
+    let split = upload_u32(&c, &vec![0u32; split_words(rows, n)]);
+    // SAFETY: `g` and `u` hold `rows * n` f32, the split `9 * blocks` words; one thread a block.
+    unsafe {
+        kernels::silu_mul_split_kernel::launch_unchecked(
+            &c,
+            CubeCount::Static(blocks.div_ceil(THREADS) as u32, 1, 1),
+            CubeDim::new_1d(THREADS as u32),
+            BufferArg::from_raw_parts(upload(&c, &g), rows * n / 4),
+            BufferArg::from_raw_parts(upload(&c, &u), rows * n / 4),
+            BufferArg::from_raw_parts(split.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(split.clone(), 9 * blocks),
+            blocks,
+        );
+    }
+    let exact = |v: &[f32]| v.iter().map(|&v| (f64::from(v), 0.0)).collect::<Vec<_>>();
+    assert_silu_mul(
+        &words(&c, &split),
+        rows * n,
+        &exact(&g),
+        &exact(&u),
+        "9 rows",
+    );
 }
 
 #[test]

@@ -192,6 +192,35 @@ impl Pairing for SiluMul {
     }
 }
 
+/// `silu(gate) * up` of a prompt's rows (`g` and `u`, `blocks` blocks of 16 values each,
+/// vectors of four) split for the down projection, as the paired products write it for a
+/// single row: one thread per block. A prompt's gate and up are tiled products of their own
+/// (each weight read once per tile of rows); this joins them.
+#[cube(launch_unchecked)]
+pub(super) fn silu_mul_split_kernel(
+    g: &[F4],
+    u: &[F4],
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    blocks: usize,
+) {
+    let b = ABSOLUTE_POS;
+    if b < blocks {
+        let mut v = Array::<F4>::new(4usize);
+        #[unroll]
+        for i in 0..4usize {
+            let (gate, up) = (g[4 * b + i], u[4 * b + i]);
+            let mut four = F4::new(0.0f32);
+            #[unroll]
+            for c in 0..4usize {
+                four.insert(c, SiluMul::combine(gate.extract(c), up.extract(c)));
+            }
+            v[i] = four;
+        }
+        split_block(&v, xq, xs, b, blocks, 8 * blocks);
+    }
+}
+
 /// The rotation of value `d` of a head (`x` the head's values) by the angles of `pos`:
 /// the "rotate_half" convention, pairs `(d, d + head_dim / 2)`.
 #[cube]

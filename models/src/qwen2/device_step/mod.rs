@@ -53,7 +53,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::q8::direct::{
     Addend, DirectWeight, Product, PrologueInput, cube_float, fused_max_in, fused_products,
-    lookup_rows, paired_products, product, products_per_row, split_words, staged_product,
+    lookup_rows, paired_products, product, products, products_per_row, split_words, staged_product,
 };
 use cubecl::bytes::Bytes;
 use cubecl::client::{Client, Graph, ProfileWindow};
@@ -113,6 +113,11 @@ fn refused(reason: impl Into<String>) -> DeviceStepRefused {
 /// Prompt positions per prefill pass unless [`DeviceDecoder::with_prefill_rows`] says
 /// otherwise: ~32 MiB of activations on Qwen2.5-0.5B.
 const PREFILL_ROWS: usize = 512;
+
+/// Prompt positions from which a prefill pass over GGUF blocks runs the tiled products (the
+/// eight-row tile of [`products`]); shorter passes run the decode step's kernels, so a short
+/// prompt compiles nothing more.
+const TILED_FROM: usize = 8;
 
 /// Positions one cube of a decode step's attention reads when the cache is longer than
 /// [`THREADS`] positions: a head's cache is then read by `capacity / ATTENTION_SPAN` cubes at
@@ -180,6 +185,8 @@ struct Acts {
     v: Handle,
     /// The split of `silu(gate) * up`: the down projection's input.
     split_i: Handle,
+    /// A tiled prefill pass's gate and up outputs, `rows * inter` f32 each ([`Acts::tiled`]).
+    mlp: Option<(Handle, Handle)>,
 }
 
 impl Acts {
@@ -193,12 +200,15 @@ impl Acts {
             &self.v,
             &self.split_i,
         ]
-        .iter()
+        .into_iter()
+        .chain(self.mlp.iter().flat_map(|(g, u)| [g, u]))
         .map(|h| h.size_in_used())
         .sum()
     }
 
-    fn new(client: &Client, d: &Dims, rows: usize) -> Self {
+    /// Activations of `rows` positions; `tiled` adds the gate and up outputs a tiled prefill
+    /// pass writes ([`DeviceDecoder::layers`]).
+    fn new(client: &Client, d: &Dims, rows: usize, tiled: bool) -> Self {
         let f32s = |n: usize| client.empty(rows * n * size_of::<f32>());
         Self {
             h0: f32s(d.hidden),
@@ -208,7 +218,13 @@ impl Acts {
             k: f32s(d.kv_heads * d.head_dim),
             v: f32s(d.kv_heads * d.head_dim),
             split_i: f32s(split_words(1, d.inter)),
+            mlp: tiled.then(|| (f32s(d.inter), f32s(d.inter))),
         }
+    }
+
+    /// Whether a pass of `rows` positions over these activations runs the tiled products.
+    fn tiled(&self, rows: usize) -> bool {
+        self.mlp.is_some() && rows >= TILED_FROM
     }
 }
 
@@ -605,7 +621,7 @@ impl DeviceDecoder {
             .collect();
         let (cos, sin) = rope_tables(m.rope_theta(), head_dim, capacity);
         let buf = Buffers {
-            acts: Acts::new(&client, &dims, 1),
+            acts: Acts::new(&client, &dims, 1, false),
             logits: f32s(vocab),
             block_logits: (head.len() > 1).then(|| f32s(widest)),
             parts: (f32s(ARGMAX_PARTS), f32s(ARGMAX_PARTS)),
@@ -1049,7 +1065,13 @@ impl DeviceDecoder {
     /// depend on the prompt.
     fn prefill(&mut self, n: usize) -> Result<(), DeviceStepError> {
         let rows = self.prefill_rows.min(n);
-        let acts = Acts::new(&self.client, &self.dims, rows);
+        let tiled = rows >= TILED_FROM
+            && self.layers.iter().all(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .all(|w| w.reads_split_in_place())
+            });
+        let acts = Acts::new(&self.client, &self.dims, rows, tiled);
         self.prefill_bytes = self.prefill_bytes.max(acts.bytes());
         for start in (0..n).step_by(rows) {
             let t = rows.min(n - start);
@@ -1123,6 +1145,9 @@ impl DeviceDecoder {
         let kv = d.kv_heads * d.head_dim;
         let cache = d.kv_heads * d.capacity * d.head_dim;
         let hidden_blocks = rows * d.hidden / 16;
+        // A prompt's pass over GGUF blocks: norms and products apart, each product reading
+        // its split in place a tile of rows at a time.
+        let tiled = prefill && a.tiled(rows);
         // SAFETY (all launches below): every buffer was allocated with room for `rows` rows
         // (`Acts::new`) or with the length bound here, in elements of the bound type; the
         // kernels index within `rows` rows of `hidden`, `inter` and `kv` values and the
@@ -1139,12 +1164,18 @@ impl DeviceDecoder {
                 add: Addend::Bias(&bias.handle),
                 y,
             });
-            // SAFETY: the norm reads `rows` rows of `hidden` from `h0` and `hidden` weights,
-            // the lengths given; the outputs are other buffers.
-            unsafe {
-                fused_products::<NormInput>(norm_input(&a.h0, &l.in_norm, d, rows), rows, &qkv)
+            if tiled {
+                rms_split(c, &a.h0, &l.in_norm, &a.split_h, d.hidden, 0, rows);
+                products(&a.split_h, rows, &qkv).map_err(device_error)?;
+                count += 3;
+            } else {
+                // SAFETY: the norm reads `rows` rows of `hidden` from `h0` and `hidden`
+                // weights, the lengths given; the outputs are other buffers.
+                unsafe {
+                    fused_products::<NormInput>(norm_input(&a.h0, &l.in_norm, d, rows), rows, &qkv)
+                }
+                .map_err(device_error)?;
             }
-            .map_err(device_error)?;
             self.timed("q/k/v with the norm");
             if prefill {
                 unsafe {
@@ -1230,27 +1261,61 @@ impl DeviceDecoder {
                 add: Addend::Residual(&a.h0),
                 y: &a.h1,
             };
-            products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
-            self.timed("o-projection");
-            // SAFETY: the norm reads `rows` rows of `hidden` from `h1` and `hidden` weights, the
-            // lengths given; the output is `split_i`.
-            unsafe {
-                paired_products::<NormInput, SiluMul>(
-                    norm_input(&a.h1, &l.post_norm, d, rows),
-                    rows,
-                    &l.gate,
-                    &l.up,
-                    &a.split_i,
-                )
+            if tiled {
+                products(&a.split_h, rows, &[o]).map_err(device_error)?;
+            } else {
+                products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
             }
-            .map_err(device_error)?;
+            self.timed("o-projection");
+            if let (true, Some((g, u))) = (tiled, &a.mlp) {
+                rms_split(c, &a.h1, &l.post_norm, &a.split_h, d.hidden, 0, rows);
+                let [gate, up] = [(&l.gate, g), (&l.up, u)].map(|(weight, y)| Product {
+                    weight,
+                    add: Addend::None,
+                    y,
+                });
+                products(&a.split_h, rows, &[gate, up]).map_err(device_error)?;
+                let blocks = rows * d.inter / 16;
+                // SAFETY: `g` and `u` hold `rows * inter` f32 (`Acts::new`), `split_i` the
+                // split of `rows` rows of `inter`; each thread writes its own block.
+                unsafe {
+                    kernels::silu_mul_split_kernel::launch_unchecked(
+                        c,
+                        CubeCount::Static(blocks.div_ceil(THREADS) as u32, 1, 1),
+                        CubeDim::new_1d(THREADS as u32),
+                        BufferArg::from_raw_parts(g.clone(), rows * d.inter / 4),
+                        BufferArg::from_raw_parts(u.clone(), rows * d.inter / 4),
+                        BufferArg::from_raw_parts(a.split_i.clone(), 2 * blocks),
+                        BufferArg::from_raw_parts(a.split_i.clone(), 9 * blocks),
+                        blocks,
+                    );
+                }
+                count += 3;
+            } else {
+                // SAFETY: the norm reads `rows` rows of `hidden` from `h1` and `hidden`
+                // weights, the lengths given; the output is `split_i`.
+                unsafe {
+                    paired_products::<NormInput, SiluMul>(
+                        norm_input(&a.h1, &l.post_norm, d, rows),
+                        rows,
+                        &l.gate,
+                        &l.up,
+                        &a.split_i,
+                    )
+                }
+                .map_err(device_error)?;
+            }
             self.timed("gate/up with the norm and SiLU·mul");
             let down = Product {
                 weight: &l.down,
                 add: Addend::Residual(&a.h1),
                 y: &a.h0,
             };
-            staged_product(&a.split_i, rows, down).map_err(device_error)?;
+            if tiled {
+                products(&a.split_i, rows, &[down]).map_err(device_error)?;
+            } else {
+                staged_product(&a.split_i, rows, down).map_err(device_error)?;
+            }
             self.timed("down");
             count += 5;
         }
