@@ -222,9 +222,10 @@ impl Acts {
         }
     }
 
-    /// Whether a pass of `rows` positions over these activations runs the tiled products.
-    fn tiled(&self, rows: usize) -> bool {
-        self.mlp.is_some() && rows >= TILED_FROM
+    /// The gate and up outputs when a pass of `rows` positions over these activations runs
+    /// the tiled products; `None` when it runs the decode step's kernels.
+    fn tiled(&self, rows: usize) -> Option<&(Handle, Handle)> {
+        self.mlp.as_ref().filter(|_| rows >= TILED_FROM)
     }
 }
 
@@ -1147,7 +1148,8 @@ impl DeviceDecoder {
         let hidden_blocks = rows * d.hidden / 16;
         // A prompt's pass over GGUF blocks: norms and products apart, each product reading
         // its split in place a tile of rows at a time.
-        let tiled = prefill && a.tiled(rows);
+        let mlp = if prefill { a.tiled(rows) } else { None };
+        let tiled = mlp.is_some();
         // SAFETY (all launches below): every buffer was allocated with room for `rows` rows
         // (`Acts::new`) or with the length bound here, in elements of the bound type; the
         // kernels index within `rows` rows of `hidden`, `inter` and `kv` values and the
@@ -1267,7 +1269,7 @@ impl DeviceDecoder {
                 products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
             }
             self.timed("o-projection");
-            if let (true, Some((g, u))) = (tiled, &a.mlp) {
+            if let Some((g, u)) = mlp {
                 rms_split(c, &a.h1, &l.post_norm, &a.split_h, d.hidden, 0, rows);
                 let [gate, up] = [(&l.gate, g), (&l.up, u)].map(|(weight, y)| Product {
                     weight,
