@@ -154,18 +154,33 @@ macro_rules! kernels {
             /// the hardware's stream prefetchers stop at each 4 KiB page, so a stream of rows
             /// would otherwise wait on memory at every page. The lines go to L2 (`T1`), two
             /// pages ahead: at 7B (mostly Q4_K and Q6_K) on 2 Zen 4 cores, decode 1.16× that of
-            /// 2 KiB into L1 (docs/PERFORMANCE.md, "K-quant prefetch"). For Q5_0 and Q8_0 rows
-            /// (0.5B) a prefetch per block measured slower, so they have none.
+            /// 2 KiB into L1 (docs/PERFORMANCE.md, "K-quant prefetch"). Q5_0 and Q8_0 rows
+            /// prefetch per pair of rows instead ([`PAIR_AHEAD`]).
             const PREFETCH_AHEAD: usize = 8192;
+
+            /// Bytes past the weights being read that a decode step's Q5_0 and Q8_0 pairs ask
+            /// the cache for ([`Job::run_pairs`]: every line of the pair's rows, that far
+            /// on). Those rows are short (616 and 952 bytes at 0.5B), so a pair's lines ask
+            /// once each rather than per block, where a prefetch per block measured slower.
+            /// On 2 Xeon (AVX-512 VNNI, AMX) cores, 0.5B decode: 36 tok/s without, 45 at
+            /// 8 KiB, 50-51 at 1-2 KiB (docs/PERFORMANCE.md, "Q5_0 and Q8_0 prefetch").
+            const PAIR_AHEAD: usize = 2048;
 
             /// Prefetches `LINES` cache lines into L2 from [`PREFETCH_AHEAD`] bytes past `p`.
             #[target_feature(enable = $features)]
             #[inline]
             fn prefetch_ahead<const LINES: usize>(p: *const u8) {
                 for l in 0..LINES {
-                    // A prefetch reads nothing and never faults, whatever the address.
-                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_AHEAD + 64 * l).cast());
+                    prefetch_at::<PREFETCH_AHEAD>(p.wrapping_add(64 * l));
                 }
+            }
+
+            /// Prefetches the cache line `AHEAD` bytes past `p` into L2.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn prefetch_at<const AHEAD: usize>(p: *const u8) {
+                // A prefetch reads nothing and never faults, whatever the address.
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD).cast());
             }
 
             /// A kernel: one weight row of `blocks` blocks against a tile of `T` rows.
@@ -242,7 +257,14 @@ macro_rules! kernels {
                                 }
                             };
                         }
+                        // SAFETY (the two pair arms): as `by_t!`'s.
                         match ty {
+                            GgmlType::Q8_0 if tt == 1 => unsafe {
+                                job.run_pairs(q8_0_pair, q8_0::<1>, &Act::new(&tile, acts, t0))
+                            },
+                            GgmlType::Q5_0 if tt == 1 => unsafe {
+                                job.run_pairs(q5_0_pair, q5_0::<1>, &Act::new(&tile, acts, t0))
+                            },
                             GgmlType::Q8_0 => by_t!(q8_0),
                             GgmlType::Q5_0 => by_t!(q5_0),
                             GgmlType::Q4_K => by_t!(q4_k),
@@ -287,6 +309,107 @@ macro_rules! kernels {
                         }
                     }
                 }
+            }
+
+            /// A pair kernel: two consecutive weight rows (`stride` bytes apart) of `blocks`
+            /// blocks against one activation row.
+            type Pair = unsafe fn(*const u8, usize, usize, &Act<1>) -> [f32; 2];
+
+            impl Job<'_> {
+                /// [`Job::run`] for one activation row (a decode step), two weight rows at a
+                /// time through `pair`: each activation block is loaded once for both rows,
+                /// and the rows' sums are two independent chains. An odd last row runs `one`.
+                ///
+                /// # Safety
+                /// As [`Job::run`].
+                #[target_feature(enable = $features)]
+                unsafe fn run_pairs(self, pair: Pair, one: Kernel<1>, a: &Act<1>) {
+                    let mut o = 0;
+                    while o < self.rows {
+                        let n = (self.rows - o).min(2);
+                        let w = self.w.wrapping_add(o * self.row_bytes);
+                        // The next rows' lines, while this pair runs.
+                        let mut l = 0;
+                        while l < n * self.row_bytes {
+                            prefetch_at::<PAIR_AHEAD>(w.wrapping_add(l));
+                            l += 64;
+                        }
+                        // SAFETY: the caller's contract: rows `o..o + n` are within `w`.
+                        let res = unsafe {
+                            if n == 2 {
+                                pair(w, self.row_bytes, self.blocks, a)
+                            } else {
+                                [one(w, self.blocks, a)[0], 0.0]
+                            }
+                        };
+                        for (i, r) in res.into_iter().take(n).enumerate() {
+                            let b = self.bias.map_or(0.0, |b| b[o + i]);
+                            self.dst[(o + i) * self.t + self.t0] = r + b;
+                        }
+                        o += n;
+                    }
+                }
+            }
+
+            /// The sums of a pair kernel's two accumulator sets, per weight row.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn finish_pair(acc: [[__m256; 2]; 2]) -> [f32; 2] {
+                [
+                    hsum(_mm256_add_ps(acc[0][0], acc[1][0])),
+                    hsum(_mm256_add_ps(acc[0][1], acc[1][1])),
+                ]
+            }
+
+            /// [`q8_0`] for two weight rows against one activation row ([`Pair`]).
+            ///
+            /// # Safety
+            /// `w` holds two rows of `blocks` blocks, `stride` bytes apart; `a`'s row as many.
+            #[target_feature(enable = $features)]
+            unsafe fn q8_0_pair(w: *const u8, stride: usize, blocks: usize, a: &Act<1>) -> [f32; 2] {
+                const ONE: usize = 1;
+                let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+                two_sets!(blocks, ONE, |b, h| {
+                    // SAFETY: block `b` of both weight rows and of the activation row.
+                    unsafe {
+                        let av = load(a.q.add(ACT_BLOCK * b));
+                        let init = q8_init(a.off128.add(b));
+                        let da = _mm256_set1_ps(*a.d.add(b));
+                        for r in 0..2 {
+                            let p = w.add(r * stride + 34 * b);
+                            let wv = load(p.add(2));
+                            let s = _mm256_cvtepi32_ps(dot(init, q8_u(wv), q8_a(av, wv)));
+                            let c = _mm256_mul_ps(f16x8(p), da);
+                            acc[h][r] = _mm256_fmadd_ps(s, c, acc[h][r]);
+                        }
+                    }
+                });
+                finish_pair(acc)
+            }
+
+            /// [`q5_0`] for two weight rows against one activation row ([`Pair`]).
+            ///
+            /// # Safety
+            /// As [`q8_0_pair`].
+            #[target_feature(enable = $features)]
+            unsafe fn q5_0_pair(w: *const u8, stride: usize, blocks: usize, a: &Act<1>) -> [f32; 2] {
+                const ONE: usize = 1;
+                let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+                two_sets!(blocks, ONE, |b, h| {
+                    // SAFETY: block `b` of both weight rows and of the activation row.
+                    unsafe {
+                        let av = load(a.q.add(ACT_BLOCK * b));
+                        let init = lane0(*a.off16.add(b));
+                        let da = _mm256_set1_ps(*a.d.add(b));
+                        for r in 0..2 {
+                            let p = w.add(r * stride + 22 * b);
+                            let s = _mm256_cvtepi32_ps(dot(init, q5_0_u(p), av));
+                            let c = _mm256_mul_ps(f16x8(p), da);
+                            acc[h][r] = _mm256_fmadd_ps(s, c, acc[h][r]);
+                        }
+                    }
+                });
+                finish_pair(acc)
             }
 
             /// Q8_0: signed values, made unsigned by [`q8_u`] against [`q8_a`]'s activations,
