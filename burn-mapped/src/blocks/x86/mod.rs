@@ -163,7 +163,8 @@ macro_rules! kernels {
             /// on). Those rows are short (616 and 952 bytes at 0.5B), so a pair's lines ask
             /// once each rather than per block, where a prefetch per block measured slower.
             /// On 2 Xeon (AVX-512 VNNI, AMX) cores, 0.5B decode: 36 tok/s without, 45 at
-            /// 8 KiB, 50-51 at 1-2 KiB (docs/PERFORMANCE.md, "Q5_0 and Q8_0 prefetch").
+            /// 8 KiB, 50-51 at 1-2 KiB (docs/PERFORMANCE.md, "Q5_0 and Q8_0 rows in pairs,
+            /// prefetched").
             const PAIR_AHEAD: usize = 2048;
 
             /// Prefetches `LINES` cache lines into L2 from [`PREFETCH_AHEAD`] bytes past `p`.
