@@ -92,6 +92,7 @@ mod map;
 pub mod placement;
 mod pool;
 pub mod q8;
+mod readahead;
 pub mod readonly;
 mod recorder;
 mod slabs;

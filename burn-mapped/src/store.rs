@@ -13,6 +13,7 @@ use crate::generation::Generation;
 use crate::manifest::{Manifest, TensorEntry};
 use crate::map::{MapOwner, MappedFile};
 use crate::placement::{Placement, shared_owned_copy};
+use crate::readahead::ReadAhead;
 use crate::readonly::{MappedController, StrictMode};
 
 /// Options for opening a store.
@@ -232,6 +233,50 @@ impl MappedStore {
             }
         }
         Ok(())
+    }
+
+    /// Starts reading every tensor's pages from storage on a background thread, in the
+    /// order they lie in their files, except those of `skip` (tensors read a few rows at a
+    /// time, such as a token embedding): a process starting on a cold page cache then finds
+    /// its weights read ahead instead of faulting them in as each is first touched. A hint:
+    /// it returns at once, and asks for nothing where the bytes exceed the memory the kernel
+    /// reports available (reading them would push out the first ones before their use).
+    /// Returns the bytes asked for.
+    pub fn read_ahead(&self, skip: &[&str]) -> u64 {
+        let mut order: Vec<(usize, usize, Arc<MappedFile>, Range<usize>)> = Vec::new();
+        let mut first_of_file: Vec<*const MappedFile> = Vec::new();
+        for (i, entry) in self.manifest.tensors().iter().enumerate() {
+            if self.copies.contains_key(&i) || skip.contains(&entry.name()) || entry.is_empty() {
+                continue;
+            }
+            let file = &self.files[i];
+            let key = Arc::as_ptr(file);
+            let rank = first_of_file
+                .iter()
+                .position(|&p| p == key)
+                .unwrap_or_else(|| {
+                    first_of_file.push(key);
+                    first_of_file.len() - 1
+                });
+            order.push((rank, self.range(i).start, Arc::clone(file), self.range(i)));
+        }
+        order.sort_by_key(|&(rank, start, ..)| (rank, start));
+        let ahead = ReadAhead::new(order.into_iter().map(|(_, _, f, r)| (f, r)).collect());
+        let bytes = ahead.bytes();
+        match crate::host::memstat::available_memory() {
+            Ok(available) if bytes <= available => {
+                ahead.start();
+                bytes
+            }
+            Ok(available) => {
+                log::debug!("no read-ahead: {bytes} bytes of weights, {available} available");
+                0
+            }
+            Err(e) => {
+                log::debug!("no read-ahead: {e}");
+                0
+            }
+        }
     }
 
     /// The bytes of tensor `name` as stored (the file's mapped pages, or a view's copy).

@@ -172,3 +172,95 @@ fn child_maps_and_waits() {
     std::io::stdin().read_line(&mut line).unwrap();
     drop(store);
 }
+
+/// Read-ahead brings a store dropped from the page cache back without the program reading
+/// it, except the tensor it is told to skip, takes no anonymous memory, and leaves the pages
+/// mapped huge wherever the program's own faults would.
+#[test]
+fn read_ahead_brings_back_every_tensor_but_the_skipped_one() {
+    use burn_mapped::host::memstat::{evict, residency};
+    let tmp = tempdir();
+    let dir = tmp.path().join("store");
+    write_big_stack(&dir, SEED);
+    let store = MappedStore::open(&dir).unwrap();
+    let names: Vec<String> = store
+        .manifest()
+        .tensors()
+        .iter()
+        .map(|t| t.name().to_string())
+        .collect();
+    let skipped = names[names.len() / 2].as_str();
+    for t in store.manifest().tensors() {
+        let path = dir.join(t.file());
+        // Fresh files are dirty; the kernel drops clean pages only.
+        std::fs::File::open(&path).unwrap().sync_all().unwrap();
+        evict(&path).unwrap();
+    }
+    let resident = |name: &str| residency(store.bytes(name).unwrap()).unwrap();
+    let dropped = names.iter().all(|n| resident(n) < 0.5);
+    let anon = rss_self().unwrap().anon;
+    let asked = store.read_ahead(&[skipped]);
+    let expected: u64 = store
+        .manifest()
+        .tensors()
+        .iter()
+        .filter(|t| t.name() != skipped)
+        .map(|t| t.len())
+        .sum();
+    assert_eq!(asked, expected, "bytes asked for");
+    if !dropped {
+        // A file system whose pages cannot be dropped (tmpfs): nothing to bring back.
+        println!("the store stayed cached; residency not checked");
+        return;
+    }
+    let start = std::time::Instant::now();
+    let others = || names.iter().filter(|n| n.as_str() != skipped);
+    while others().any(|n| resident(n) < 1.0) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "after 60 s: {:?}",
+            others().map(|n| resident(n)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        resident(skipped) < 0.5,
+        "the skipped tensor was read: {}",
+        resident(skipped)
+    );
+    let grown = rss_self().unwrap().anon.saturating_sub(anon);
+    assert!(
+        grown < BIG_WEIGHT_BYTES / 50,
+        "anonymous memory grew by {grown}"
+    );
+    // Read ahead as the model's own reads would be: where a fault maps this file system's
+    // pages huge (the control: the skipped tensor, touched a page at a time), the tensors
+    // read ahead are mapped huge too, not left in 4 KiB pages for every later process.
+    let huge = |name: &str| -> u64 {
+        let path = dir.join(store.manifest().get(name).unwrap().file());
+        file_mappings("self", &path)
+            .unwrap()
+            .iter()
+            .map(|m| m.file_pmd_mapped)
+            .sum()
+    };
+    let page = burn_mapped::host::page_size();
+    let bytes = store.bytes(skipped).unwrap();
+    let touched: u64 = (0..bytes.len())
+        .step_by(page)
+        .map(|i| u64::from(std::hint::black_box(bytes[i])))
+        .sum();
+    std::hint::black_box(touched);
+    if huge(skipped) == 0 {
+        println!("faults map this file system's pages 4 KiB at a time; huge pages not checked");
+        return;
+    }
+    let read_ahead_huge: u64 = others().map(|n| huge(n)).sum();
+    assert!(
+        read_ahead_huge >= expected / 2,
+        "{read_ahead_huge} of {expected} bytes read ahead are mapped huge, where a fault maps \
+         the control's {} of {}",
+        huge(skipped),
+        bytes.len()
+    );
+}

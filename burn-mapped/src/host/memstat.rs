@@ -50,15 +50,29 @@ fn kb(value: &str) -> Option<u64> {
 /// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`): what no single
 /// allocation can exceed, so a size above it is refused before it is attempted.
 pub fn physical_memory() -> io::Result<u64> {
+    meminfo("MemTotal:")
+}
+
+/// The bytes of `/proc/meminfo`'s field `name` (with its colon).
+fn meminfo(name: &str) -> io::Result<u64> {
     let text = std::fs::read_to_string("/proc/meminfo")?;
     let kb = text
         .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .find_map(|line| line.strip_prefix(name))
         .and_then(kb)
         .ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo")
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("no {name} in /proc/meminfo"),
+            )
         })?;
     Ok(kb.saturating_mul(1024))
+}
+
+/// Memory the kernel estimates it can give without swapping, in bytes (`MemAvailable` of
+/// `/proc/meminfo`: free memory plus the page cache and slabs it can reclaim).
+pub fn available_memory() -> io::Result<u64> {
+    meminfo("MemAvailable:")
 }
 
 /// Proportional set size and anonymous bytes of process `pid` (`/proc/PID/smaps_rollup`).
@@ -102,6 +116,8 @@ pub struct FileMapping {
     pub private_clean: u64,
     /// Bytes resident and modified (would be written back or are anonymous copies).
     pub dirty: u64,
+    /// Bytes mapped with huge (PMD) entries.
+    pub file_pmd_mapped: u64,
 }
 
 /// Every mapping of `path` in process `pid`.
@@ -127,6 +143,7 @@ pub fn file_mappings(pid: &str, path: &Path) -> io::Result<Vec<FileMapping>> {
                     shared_clean: 0,
                     private_clean: 0,
                     dirty: 0,
+                    file_pmd_mapped: 0,
                 });
             }
             continue;
@@ -143,6 +160,7 @@ pub fn file_mappings(pid: &str, path: &Path) -> io::Result<Vec<FileMapping>> {
                 "Shared_Clean:" => m.shared_clean = kb(),
                 "Private_Clean:" => m.private_clean = kb(),
                 "Shared_Dirty:" | "Private_Dirty:" => m.dirty += kb(),
+                "FilePmdMapped:" => m.file_pmd_mapped = kb(),
                 _ => {}
             }
         }

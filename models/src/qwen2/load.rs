@@ -179,6 +179,10 @@ pub fn load_with(
     let opened = options.placement(if flex { placement } else { Placement::Map });
     let (mut store, header) = open(weights, opened)?;
     let config = config(&store)?;
+    // The disk runs ahead of the first use of each weight; a tied embedding is the head, read
+    // whole at every token, an untied one a few rows at a time.
+    let tied = store.manifest().get(LM_HEAD).is_none();
+    store.read_ahead(if tied { &[] } else { &[EMBED_TOKENS] });
     let model = config
         .try_init_for_store(device, store.manifest())
         .map_err(|source| LoadError::Config {
