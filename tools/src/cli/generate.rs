@@ -131,6 +131,12 @@ struct Summary {
     generated_ids: Vec<u32>,
     text: String,
     model_ready_ms: f64,
+    /// Reading the vocabulary (from the GGUF's header or the tokenizer file), after the model
+    /// is ready and before the prompt runs.
+    tokenizer_ms: f64,
+    /// Building the device step, before the prompt runs: the weights' upload to the device
+    /// (queued by the load, done here) and its buffers.
+    device_step_setup_ms: Option<f64>,
     time_to_first_token_ms: f64,
     decode_tokens: usize,
     decode_tokens_per_s: f64,
@@ -174,6 +180,7 @@ struct DeviceMemory {
 /// How the tokens were decoded, for the summary.
 struct DecodePath {
     name: &'static str,
+    setup_ms: Option<f64>,
     launches_per_token: Option<usize>,
     host_us_per_token: Option<f64>,
     device_us_per_token: Option<f64>,
@@ -183,6 +190,7 @@ struct DecodePath {
 
 const TENSOR_OPS: DecodePath = DecodePath {
     name: "tensor ops",
+    setup_ms: None,
     launches_per_token: None,
     host_us_per_token: None,
     device_us_per_token: None,
@@ -324,6 +332,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         None => qwen::load_tokenizer(&paths).map_err(anyhow::Error::from),
     }
     .with_context(|| format!("reading the vocabulary of {}", paths.gguf.display()))?;
+    let tokenizer_time = start.elapsed() - model_ready;
 
     let prompt = if args.chat {
         chat_prompt(args.system.as_deref(), &args.prompt)
@@ -436,6 +445,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         prompt_ids,
         generated_ids: generated,
         model_ready_ms: model_ready.as_secs_f64() * 1e3,
+        tokenizer_ms: tokenizer_time.as_secs_f64() * 1e3,
+        device_step_setup_ms: path.setup_ms,
         time_to_first_token_ms: ttft.as_secs_f64() * 1e3,
         decode_tokens,
         decode_tokens_per_s: if decode_secs > 0.0 {
@@ -524,10 +535,12 @@ impl DeviceRun<'_> {
         if !self.wanted {
             return Ok(Stepped::NotAsked);
         }
+        let setup = std::time::Instant::now();
         let mut decoder = match DeviceDecoder::try_new(model, self.ctx) {
             Ok(decoder) => decoder,
             Err(refused) => return Ok(Stepped::Refused(refused.to_string())),
         };
+        let setup_ms = setup.elapsed().as_secs_f64() * 1e3;
         let generated =
             decoder.generate_until(self.prompt, self.max_tokens, sampler, self.stop, on_token)?;
         // A timing that fails costs the figure, not the tokens already generated.
@@ -551,6 +564,7 @@ impl DeviceRun<'_> {
             (None, None)
         };
         let path = DecodePath {
+            setup_ms: Some(setup_ms),
             name: if decoder.is_recorded() {
                 "device step (recorded)"
             } else {
