@@ -30,7 +30,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qwen_decode import cpu_info, llama_version, spread  # noqa: E402
+from qwen_decode import ab_arguments, ab_record, emit, rotations, spread  # noqa: E402
 
 
 def run_arm(spec, args):
@@ -55,17 +55,12 @@ def run_arm(spec, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gguf", required=True)
-    ap.add_argument("--random-weights", action="store_true", help="the GGUF's blocks are random (a speed-test file)")
-    ap.add_argument("--arm", action="append", required=True, help="LABEL=bin:PATH[@TIER] or LABEL=llama:PATH")
-    ap.add_argument("--build", action="append", default=[], help="LABEL=TEXT: the commit or build flags an arm's binary came from")
+    ab_arguments(ap, "LABEL=bin:PATH[@TIER] or LABEL=llama:PATH")
     ap.add_argument("--baseline", help="the arm the others' paired ratios are taken to")
     ap.add_argument("--pair", action="append", default=[], help="A=B: also A's ratio to B, paired per round")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", default="def fibonacci(n):")
-    ap.add_argument("--json")
     args = ap.parse_args()
 
     arms = [tuple(a.split("=", 1)) for a in args.arm]
@@ -79,12 +74,10 @@ def main():
             sys.exit(f"--pair {p}: both sides must be arms")
         pairs.append((a, b))
     runs = []
-    for r in range(args.rounds):
-        shift = r % len(arms)
-        for label, spec in arms[shift:] + arms[:shift]:
-            tps, info = run_arm(spec, args)
-            runs.append({"round": r, "arm": label, "tok_s": tps, **info})
-            print(f"[round {r}] {label}: {tps:.2f} tok/s", file=sys.stderr)
+    for r, label, spec in rotations(arms, args.rounds):
+        tps, info = run_arm(spec, args)
+        runs.append({"round": r, "arm": label, "tok_s": tps, **info})
+        print(f"[round {r}] {label}: {tps:.2f} tok/s", file=sys.stderr)
 
     summary = {label: spread([x["tok_s"] for x in runs if x["arm"] == label]) for label in labels}
 
@@ -96,27 +89,14 @@ def main():
         ratios = [tok_s(a, r) / tok_s(b, r) for r in range(args.rounds)]
         paired[f"{a} / {b}"] = {**spread(ratios), "per_round": ratios}
     result = {
-        "gguf": {"path": args.gguf, "size_bytes": os.path.getsize(args.gguf),
-                 "weights": "random" if args.random_weights else "real"},
-        "arms": dict(arms),
-        "builds": dict(c.split("=", 1) for c in args.build),
-        "tokens": args.tokens,
-        "rounds": args.rounds,
-        "threads": args.threads,
+        **ab_record(args, arms),
         "prompt": args.prompt,
-        "cpu": cpu_info(),
-        "llama_versions": {label: llama_version(spec.partition(":")[2])
-                           for label, spec in arms if spec.startswith("llama:")},
         "summary": summary,
         "baseline": args.baseline,
         "paired_ratios": paired,
         "runs": runs,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.json)
     print(f"\n{'arm':<16} {'tok/s median':>12} {'min':>8} {'max':>8}")
     for label in labels:
         s = summary[label]

@@ -66,6 +66,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 REFERENCE = os.path.join(ROOT, "models", "tests", "fixtures", "qwen25_real", "reference.json")
 LLAMA = "llama.cpp"
 GGUF_ARM = "gguf"  # the GGUF read in place: `generate --model GGUF` without --dtype
+# The plain sentence of --startup-prompt sentence:N (and cold_start.py's prompts).
+SENTENCE = "Write a Python function that checks whether a number is prime."
 # How many of the reference's tokens are compared (it holds more).
 REFERENCE_TOKENS = 32
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512bw", "avx512vl")
@@ -372,7 +374,8 @@ def startup(args, arm, prompt, groups, cold):
         text = child.out.decode(errors="replace")
         rec["text"] = text
         rec["reference_text_prefix"] = (text_matches_reference(text, prompt)
-                                        if args.weights == "real" else None)
+                                        if args.weights == "real"
+                                        and prompt.get("generated_text") is not None else None)
         perf = {}
         for key, rx in LLAMA_PERF.items():
             m = rx.search(child.stderr)
@@ -455,6 +458,52 @@ def cpu_info():
 def llama_version(binary):
     r = subprocess.run([binary, "--version"], capture_output=True, text=True)
     return (r.stdout + r.stderr).strip()
+
+
+def ab_arguments(ap, arm_help):
+    """The options every A/B run over builds takes (decode_ab.py, cold_start.py)."""
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--random-weights", action="store_true",
+                    help="the GGUF's blocks are random (a speed-test file)")
+    ap.add_argument("--arm", action="append", required=True, help=arm_help)
+    ap.add_argument("--build", action="append", default=[],
+                    help="LABEL=TEXT: the commit or build flags an arm's binary came from")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json")
+
+
+def rotations(arms, rounds):
+    """(round, label, spec) for every arm in every round, the arms' order rotating by round."""
+    for r in range(rounds):
+        shift = r % len(arms)
+        for label, spec in arms[shift:] + arms[:shift]:
+            yield r, label, spec
+
+
+def ab_record(args, arms):
+    """What an A/B run over builds records first (decode_ab.py, cold_start.py): the GGUF, the
+    arms and their builds, the run's shape, the machine and llama.cpp's versions."""
+    return {
+        "gguf": {"path": args.gguf, "size_bytes": os.path.getsize(args.gguf),
+                 "weights": "random" if args.random_weights else "real"},
+        "arms": dict(arms),
+        "builds": dict(c.split("=", 1) for c in args.build),
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "cpu": cpu_info(),
+        "llama_versions": {label: llama_version(spec.partition(":")[2])
+                           for label, spec in arms if spec.startswith("llama:")},
+    }
+
+
+def emit(result, path):
+    """Prints the result as JSON, and writes it to `path` too where one is given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
 
 
 # --- summary --------------------------------------------------------------------------------
@@ -669,6 +718,25 @@ def table(result, prompts):
         print(f"{arm:{w}}{refs}; {f32}; {timed}")
 
 
+def startup_prompt(args, arms, reference):
+    """--startup-prompt as a reference-like prompt: text, chat flag and token ids (a repeated
+    sentence's ids come from a one-token `generate` run of the first burn-mapped arm)."""
+    if args.startup_prompt == "short":
+        return reference["prompts"][0]
+    if args.startup_prompt == "long":
+        return reference["long_prompts"][0]
+    kind, _, count = args.startup_prompt.partition(":")
+    if kind != "sentence" or not count.isdigit() or int(count) < 1:
+        raise SystemExit(f"--startup-prompt {args.startup_prompt!r}: short, long or sentence:N")
+    text = " ".join([SENTENCE] * int(count))
+    prompt = {"is_chat": False, "text": text, "generated_text": None}
+    burn = next((a for a in arms if a != LLAMA), None)
+    if burn is None:
+        raise SystemExit("--startup-prompt sentence:N needs a burn-mapped arm to count tokens")
+    prompt["prompt_ids"] = generate(args, burn, prompt, 1)["prompt_ids"]
+    return prompt
+
+
 def main():
     class Fmt(argparse.RawDescriptionHelpFormatter):
         def _get_help_string(self, action):
@@ -695,9 +763,11 @@ def main():
     p.add_argument("--startup", default="cold,warm",
                    help="startup runs per round and arm, comma-separated ('' for none)")
     p.add_argument("--startup-tokens", type=int, default=8, help="tokens of a startup run")
-    p.add_argument("--startup-prompt", choices=["short", "long"], default="short",
-                   help="the prompt of the startup runs (and llama-bench's pp): the reference's "
-                        "prompt 0 (4 tokens) or its long prompt (681 tokens)")
+    p.add_argument("--startup-prompt", default="short",
+                   help="the prompt of the startup runs (and llama-bench's pp): short, the "
+                        "reference's prompt 0 (4 tokens); long, its long prompt (681 tokens); "
+                        "sentence:N, a plain sentence repeated N times without the chat "
+                        "template (N=7: 91 tokens, N=40: 481)")
     p.add_argument("--concurrent", type=int, default=4, help="processes at once; 0: none")
     p.add_argument("--concurrent-tokens", type=int, default=128,
                    help="tokens of each concurrent process (prompt 0, past any end of turn)")
@@ -748,8 +818,7 @@ def main():
 
     reference = json.load(open(REFERENCE))
     prompts = reference["prompts"]
-    start_prompt = (reference["long_prompts"][0] if args.startup_prompt == "long"
-                    else prompts[0])
+    start_prompt = startup_prompt(args, arms, reference)
     pp_tokens = args.llama_pp or len(start_prompt["prompt_ids"])
     groups = {}  # arm -> {group: files}: what a cold run drops
     llama = {}
