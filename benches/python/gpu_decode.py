@@ -124,8 +124,9 @@ def first_token(args, arm, prompt_tokens, text=None):
                 "prompt_tokens": prompt_tokens}
     one = argparse.Namespace(**{**vars(args), "tokens": 1})
     rec = run_burn(one, *burn_arm(arm), prompt=text)
-    # The prompt's ms count the vocabulary's reading and the device step's setup (the weights'
-    # upload), which the record also gives apart.
+    # The prompt's ms count the vocabulary's reading and the device step's setup, which the
+    # record also gives apart, and the wait for the weights' upload (CubeCL copies them on its
+    # own thread after the load; the prompt's first kernels wait for it).
     return {"wall_ms": rec["wall_s"] * 1e3, "prompt_ms": rec["ttft_ms"] - rec["model_ready_ms"],
             "model_ready_ms": rec["model_ready_ms"], "tokenizer_ms": rec["tokenizer_ms"],
             "device_step_setup_ms": rec["device_step_setup_ms"],

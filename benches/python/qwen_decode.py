@@ -767,7 +767,7 @@ def main():
                    help="the prompt of the startup runs (and llama-bench's pp): short, the "
                         "reference's prompt 0 (4 tokens); long, its long prompt (681 tokens); "
                         "sentence:N, a plain sentence repeated N times without the chat "
-                        "template (N=7: 91 tokens, N=40: 481)")
+                        "template (N=8: 96 tokens at 0.5B, 97 at 7B; N=40: 480)")
     p.add_argument("--concurrent", type=int, default=4, help="processes at once; 0: none")
     p.add_argument("--concurrent-tokens", type=int, default=128,
                    help="tokens of each concurrent process (prompt 0, past any end of turn)")

@@ -1,4 +1,4 @@
-//! Reading a store's pages from storage ahead of their first use, on a thread of its own.
+//! Reading a store's pages from storage ahead of their first use, on threads of their own.
 //!
 //! A process that starts with its weights out of the page cache (the first run after a boot,
 //! or after other files pushed them out) otherwise reads them through page faults as the
@@ -10,7 +10,7 @@
 //! Faulting, not `MADV_WILLNEED`: a fault on a mapping advised `MADV_HUGEPAGE` reads the file
 //! in 2 MiB folios that the process maps whole, while `MADV_WILLNEED` fills the page cache
 //! with 4 KiB folios, which every later process then maps a page at a time: on a 2-core VM a
-//! 7B decode ran 12 % slower from such a cache. On a warm cache the thread only maps what is
+//! 7B decode ran 12 % slower from such a cache. On a warm cache the threads only map what is
 //! there, which the first kernels to read it would otherwise do.
 
 use std::ops::Range;

@@ -235,7 +235,7 @@ impl MappedStore {
         Ok(())
     }
 
-    /// Starts reading every tensor's pages from storage on a background thread, in the
+    /// Starts reading every tensor's pages from storage on background threads, in the
     /// order they lie in their files, except those of `skip` (tensors read a few rows at a
     /// time, such as a token embedding): a process starting on a cold page cache then finds
     /// its weights read ahead instead of faulting them in as each is first touched. A hint:
@@ -243,7 +243,8 @@ impl MappedStore {
     /// reports available (reading them would push out the first ones before their use).
     /// Returns the bytes asked for.
     pub fn read_ahead(&self, skip: &[&str]) -> u64 {
-        let mut order: Vec<(usize, usize, Arc<MappedFile>, Range<usize>)> = Vec::new();
+        // (rank of the tensor's file among the files, the file, the tensor's bytes in it).
+        let mut order: Vec<(usize, Arc<MappedFile>, Range<usize>)> = Vec::new();
         let mut first_of_file: Vec<*const MappedFile> = Vec::new();
         for (i, entry) in self.manifest.tensors().iter().enumerate() {
             if self.copies.contains_key(&i) || skip.contains(&entry.name()) || entry.is_empty() {
@@ -258,10 +259,10 @@ impl MappedStore {
                     first_of_file.push(key);
                     first_of_file.len() - 1
                 });
-            order.push((rank, self.range(i).start, Arc::clone(file), self.range(i)));
+            order.push((rank, Arc::clone(file), self.range(i)));
         }
-        order.sort_by_key(|&(rank, start, ..)| (rank, start));
-        let ahead = ReadAhead::new(order.into_iter().map(|(_, _, f, r)| (f, r)).collect());
+        order.sort_by_key(|(rank, _, range)| (*rank, range.start));
+        let ahead = ReadAhead::new(order.into_iter().map(|(_, f, r)| (f, r)).collect());
         let bytes = ahead.bytes();
         match crate::host::memstat::available_memory() {
             Ok(available) if bytes <= available => {

@@ -176,6 +176,7 @@ fn child_maps_and_waits() {
 /// Read-ahead brings a store dropped from the page cache back without the program reading
 /// it, except the tensor it is told to skip, takes no anonymous memory, and leaves the pages
 /// mapped huge wherever the program's own faults would.
+///
 /// In a child process of its own, so that the other tests' allocations do not count.
 #[test]
 fn read_ahead_brings_back_every_tensor_but_the_skipped_one() {

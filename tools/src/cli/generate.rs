@@ -134,8 +134,9 @@ struct Summary {
     /// Reading the vocabulary (from the GGUF's header or the tokenizer file), after the model
     /// is ready and before the prompt runs.
     tokenizer_ms: f64,
-    /// Building the device step, before the prompt runs: the weights' upload to the device
-    /// (queued by the load, done here) and its buffers.
+    /// Building the device step (its buffers), before the prompt runs. Not the weights'
+    /// upload: CubeCL copies them on its own thread after the load, and the prompt's first
+    /// kernels wait for it.
     device_step_setup_ms: Option<f64>,
     time_to_first_token_ms: f64,
     decode_tokens: usize,
