@@ -87,6 +87,7 @@ def run_burn(args, dtype, device_step, top_p=False, batch32=False, cold=False, p
         "model_ready_ms": s["model_ready_ms"],
         "tokenizer_ms": s.get("tokenizer_ms"),
         "device_step_setup_ms": s.get("device_step_setup_ms"),
+        "uploaded_bytes": s.get("uploaded_bytes"),
         "prompt_tokens": len(s["prompt_ids"]),
         "tokens": len(s["generated_ids"]),
         "decode_path": s.get("decode_path"),
@@ -125,11 +126,13 @@ def first_token(args, arm, prompt_tokens, text=None):
     one = argparse.Namespace(**{**vars(args), "tokens": 1})
     rec = run_burn(one, *burn_arm(arm), prompt=text)
     # The prompt's ms count the vocabulary's reading and the device step's setup, which the
-    # record also gives apart, and the wait for the weights' upload (CubeCL copies them on its
-    # own thread after the load; the prompt's first kernels wait for it).
+    # record also gives apart, and, for weights Burn's own upload copied (CubeCL copies them on
+    # its own thread after the load), the wait for them. `uploaded_bytes`: what the load copied
+    # itself, inside model-ready.
     return {"wall_ms": rec["wall_s"] * 1e3, "prompt_ms": rec["ttft_ms"] - rec["model_ready_ms"],
             "model_ready_ms": rec["model_ready_ms"], "tokenizer_ms": rec["tokenizer_ms"],
             "device_step_setup_ms": rec["device_step_setup_ms"],
+            "uploaded_bytes": rec["uploaded_bytes"],
             "prompt_tokens": rec["prompt_tokens"], "kernel_cache": rec["kernel_cache"]}
 
 

@@ -61,6 +61,15 @@ impl MappedStore {
     ) -> Result<ApplyResult, StoreError> {
         let dir = self.dir().to_path_buf();
         crate::placement::prepare(&dir, self.manifest(), &module.devices(), left_out)?;
+        #[cfg(feature = "wgpu")]
+        let uploaded = self.upload(module, left_out)?;
+        #[cfg(not(feature = "wgpu"))]
+        let uploaded: Vec<String> = Vec::new();
+        let left_out: Vec<&str> = left_out
+            .iter()
+            .copied()
+            .chain(uploaded.iter().map(String::as_str))
+            .collect();
         let tensors: Vec<PackTensor> = self
             .pack_tensors()
             .iter()
@@ -114,5 +123,27 @@ impl MappedStore {
             });
         }
         Ok(result)
+    }
+
+    /// On a device registered with [`crate::upload::register`], the parameters of `module`
+    /// (but `left_out`) uploaded through its staging ring; the paths loaded.
+    #[cfg(feature = "wgpu")]
+    fn upload<M: ModuleSnapshot>(
+        &self,
+        module: &mut M,
+        left_out: &[&str],
+    ) -> Result<Vec<String>, StoreError> {
+        let devices = module.devices();
+        let [device] = devices.as_slice() else {
+            return Ok(Vec::new());
+        };
+        let Some(mut session) = crate::upload::Session::begin(device) else {
+            return Ok(Vec::new());
+        };
+        let (loaded, done) =
+            crate::upload::upload_module(self, module.clone(), left_out, &mut session)?;
+        session.finish()?;
+        *module = loaded;
+        Ok(done)
     }
 }

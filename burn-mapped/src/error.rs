@@ -453,6 +453,14 @@ pub enum StoreError {
     /// Burn's own record reader refused the image (a bug in this crate if it happens).
     #[error("burnpack image rejected by burn: {0}")]
     Record(String),
+    /// The GPU refused a step of a tensor's upload.
+    #[error("tensor `{tensor}`: upload to the device failed: {reason}")]
+    Upload {
+        /// The tensor.
+        tensor: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// The length implied by a shape, or overflow.

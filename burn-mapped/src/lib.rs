@@ -98,6 +98,8 @@ mod recorder;
 mod slabs;
 mod store;
 pub mod untrusted;
+#[cfg(feature = "wgpu")]
+pub mod upload;
 pub mod view;
 mod writer;
 

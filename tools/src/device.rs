@@ -96,9 +96,13 @@ impl DeviceArg {
         match Device::wgpu_options()
             .graphics_api(api)
             .tasks_max(tasks_max)
-            .init()
+            .init_with_setup()
         {
-            Ok(device) => Ok(device),
+            Ok((device, setup)) => {
+                // Weights reach this device through burn-mapped's staging ring.
+                burn_mapped::upload::register(&device, setup.device, setup.queue);
+                Ok(device)
+            }
             // Up already (an earlier command in this process): it keeps its own batch.
             Err(WgpuInitError::Registration { .. }) => Ok(self.device()),
             Err(e) => Err(DeviceError::Init {

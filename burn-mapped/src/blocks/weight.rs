@@ -75,9 +75,20 @@ impl BlockWeight {
         let layout = entry.blocks().ok_or_else(|| BlockError::NotBlocks {
             tensor: name.to_string(),
         })?;
-        let data = store
-            .tensor_data(name)
-            .map_err(|e| BlockError::Store(Box::new(e)))?;
+        let store_err = |e| BlockError::Store(Box::new(e));
+        #[cfg(feature = "wgpu")]
+        if let Some(mut session) = crate::upload::Session::begin(device) {
+            let bytes = store.bytes(name).map_err(store_err)?;
+            let shape = burn::tensor::Shape::from(entry.shape().to_vec());
+            let uploaded = session
+                .int::<2>(name, bytes, shape, DType::U8)
+                .map_err(store_err)?;
+            session.finish().map_err(store_err)?;
+            if let Some(tensor) = uploaded {
+                return Self::new(tensor, layout);
+            }
+        }
+        let data = store.tensor_data(name).map_err(store_err)?;
         Self::new(
             Tensor::<2, Int>::from_data(data, (device, DType::U8)),
             layout,

@@ -175,7 +175,8 @@ pub fn load_with(
         _ => {}
     }
     let start = Instant::now();
-    // Off Flex, `from_data` uploads straight from the mapping: that is the resident copy.
+    // Off Flex, the upload reads straight from the mapping (`from_data`, or burn-mapped's
+    // staging ring on a registered wgpu device): that is the resident copy.
     let opened = options.placement(if flex { placement } else { Placement::Map });
     let (mut store, header) = open(weights, opened)?;
     let config = config(&store)?;

@@ -135,9 +135,11 @@ struct Summary {
     /// is ready and before the prompt runs.
     tokenizer_ms: f64,
     /// Building the device step (its buffers), before the prompt runs. Not the weights'
-    /// upload: CubeCL copies them on its own thread after the load, and the prompt's first
-    /// kernels wait for it.
+    /// upload, which the load makes (`uploaded_bytes`).
     device_step_setup_ms: Option<f64>,
+    /// Weight bytes the load copied onto the GPU through burn-mapped's staging ring (`None`
+    /// on the CPU). What it did not copy went through Burn's own upload.
+    uploaded_bytes: Option<u64>,
     time_to_first_token_ms: f64,
     decode_tokens: usize,
     decode_tokens_per_s: f64,
@@ -448,6 +450,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         model_ready_ms: model_ready.as_secs_f64() * 1e3,
         tokenizer_ms: tokenizer_time.as_secs_f64() * 1e3,
         device_step_setup_ms: path.setup_ms,
+        uploaded_bytes: uploaded_bytes(&device),
         time_to_first_token_ms: ttft.as_secs_f64() * 1e3,
         decode_tokens,
         decode_tokens_per_s: if decode_secs > 0.0 {
@@ -608,6 +611,18 @@ impl DeviceRun<'_> {
             Stepped::NotAsked
         })
     }
+}
+
+/// The bytes loads copied onto `device` through burn-mapped's staging ring, where it has one.
+#[cfg(any(feature = "wgpu", feature = "vulkan"))]
+fn uploaded_bytes(device: &burn::tensor::Device) -> Option<u64> {
+    burn_mapped::upload::is_registered(device).then(|| burn_mapped::upload::totals().bytes)
+}
+
+/// No GPU backend built in: nothing uploads.
+#[cfg(not(any(feature = "wgpu", feature = "vulkan")))]
+fn uploaded_bytes(_device: &burn::tensor::Device) -> Option<u64> {
+    None
 }
 
 #[cfg(test)]
