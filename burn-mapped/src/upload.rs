@@ -30,6 +30,8 @@ use crate::store::MappedStore;
 const CHUNK: u64 = 64 << 20;
 /// Staging buffers in the ring: while the GPU copies from some, threads fill the next.
 const SLOTS: usize = 4;
+/// Tensors smaller than this keep `from_data`.
+const MIN_BYTES: usize = 1 << 20;
 /// Threads copying into one staging buffer, at most.
 const MAX_THREADS: usize = 8;
 
@@ -42,29 +44,46 @@ struct Handles {
     queue: wgpu::Queue,
 }
 
-static REGISTERED: Mutex<Vec<(Device, Handles)>> = Mutex::new(Vec::new());
+/// A registered device: its handles, and its staging ring between loads (empty once released).
+struct Registered {
+    device: Device,
+    handles: Handles,
+    idle: Vec<Slot>,
+}
+
+static REGISTERED: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
 
 /// Loads onto `device` upload through this module from now on. `wgpu_device` and `queue` must
 /// be the ones CubeCL runs `device` on (Burn's `Device::wgpu_options().init_with_setup()`
 /// returns them): the GPU's copies are ordered with Burn's work on that queue.
 pub fn register(device: &Device, wgpu_device: wgpu::Device, queue: wgpu::Queue) {
     let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    registered.retain(|(d, _)| d != device);
-    registered.push((
-        device.clone(),
-        Handles {
+    registered.retain(|r| &r.device != device);
+    registered.push(Registered {
+        device: device.clone(),
+        handles: Handles {
             device: wgpu_device,
             queue,
         },
-    ));
+        idle: Vec::new(),
+    });
 }
 
-fn handles(device: &Device) -> Option<Handles> {
-    let registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    registered
-        .iter()
-        .find(|(d, _)| d == device)
-        .map(|(_, h)| h.clone())
+/// `device`'s handles and its idle staging ring (taken: a session owns it until it ends).
+fn take(device: &Device) -> Option<(Handles, Vec<Slot>)> {
+    let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    let r = registered.iter_mut().find(|r| &r.device == device)?;
+    Some((r.handles.clone(), std::mem::take(&mut r.idle)))
+}
+
+/// Frees `device`'s staging ring (four 64 MiB host buffers), which the loads onto it keep for
+/// one another: a model loads its parameters and its embedding in separate loads. A later load
+/// allocates a new ring.
+pub fn release_staging(device: &Device) {
+    let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = registered.iter_mut().find(|r| &r.device == device) {
+        r.idle.clear();
+    }
 }
 
 /// What a load moved through the staging ring.
@@ -93,8 +112,8 @@ struct Slot {
     pending: Option<wgpu::SubmissionIndex>,
 }
 
-/// One load's uploads onto one device: the staging ring, freed when the session ends, after
-/// the GPU has copied everything out of it.
+/// One load's uploads onto one device, through the device's staging ring (kept for the next
+/// load when it ends, until [`release_staging`]).
 pub(crate) struct Session {
     handles: Handles,
     device: Device,
@@ -109,14 +128,14 @@ pub(crate) struct Session {
 impl Session {
     /// A session for `device`, or `None` where it is not registered.
     pub(crate) fn begin(device: &Device) -> Option<Self> {
-        let handles = handles(device)?;
+        let (handles, slots) = take(device)?;
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(MAX_THREADS);
         Some(Self {
             handles,
             device: device.clone(),
-            slots: Vec::new(),
+            slots,
             next: 0,
             last: None,
             threads,
@@ -268,16 +287,24 @@ impl Session {
         let mut totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
         totals.tensors += self.stats.tensors;
         totals.bytes += self.stats.bytes;
+        drop(totals);
+        // The ring waits for the next load, its buffers mapped again as each comes round.
+        let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = registered.iter_mut().find(|r| r.device == self.device) {
+            r.idle = std::mem::take(&mut self.slots);
+        }
         Ok(self.stats)
     }
 }
 
-/// Whether `bytes` are exactly a `shape` of `dtype` (not a dtype Burn widens on the device).
+/// Whether `bytes` are exactly a `shape` of `dtype` (not a dtype Burn widens on the device),
+/// and large enough to be worth the round trips to CubeCL's device thread that reaching the
+/// tensor's buffer takes (a norm's few kilobytes go faster through `from_data`).
 fn fits(bytes: &[u8], shape: &Shape, dtype: DType) -> bool {
     matches!(
         dtype,
         DType::F32 | DType::U8 | DType::I8 | DType::U32 | DType::I32
-    ) && !bytes.is_empty()
+    ) && bytes.len() >= MIN_BYTES
         && shape.num_elements() * dtype.size() == bytes.len()
 }
 
@@ -356,7 +383,8 @@ unsafe impl Send for Target {}
 
 /// Whether loads onto `device` upload through this module.
 pub fn is_registered(device: &Device) -> bool {
-    handles(device).is_some()
+    let registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    registered.iter().any(|r| &r.device == device)
 }
 
 /// Every parameter of `module` whose store tensor uploads through `session` (the module's

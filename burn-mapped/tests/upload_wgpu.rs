@@ -1,6 +1,7 @@
 //! Loads onto a wgpu device registered with `burn_mapped::upload`: every parameter of a kind the
 //! staging ring takes arrives byte for byte (one larger than a staging buffer, one of an odd
-//! length), a float16 one still loads through burn-store's applier, and the ring's counters
+//! length), a float16 one and a small one still load through burn-store's applier, and the
+//! ring's counters
 //! show which went which way. Its own test binary: the device is initialized here, once, to
 //! get its wgpu handles.
 //!
@@ -26,6 +27,8 @@ struct Weights {
     norm: Param<Tensor<1>>,
     /// Not a dtype the ring takes: loaded by burn-store's applier.
     half: Param<Tensor<1>>,
+    /// Too small for the ring's round trips: loaded by the applier too.
+    bias: Param<Tensor<1>>,
 }
 
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
@@ -84,9 +87,10 @@ fn registered_device_loads_through_the_ring() {
     let (rows, cols) = (1100, big_layout.row_bytes());
     let big = bytes(rows * cols, 1);
     let odd_layout = BlockLayout::new(GgmlType::Q8_0, 32 * 5).unwrap();
-    let odd = bytes(3 * odd_layout.row_bytes(), 2);
+    let odd = bytes(6201 * odd_layout.row_bytes(), 2);
     assert!(big.len() > 64 << 20 && !odd.len().is_multiple_of(4));
-    let norm: Vec<f32> = (0..37).map(|i| i as f32 * 0.25 - 3.0).collect();
+    // Over the 1 MiB below which a tensor keeps `from_data`.
+    let norm: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.25 - 3.0).collect();
     let half: Vec<f16> = (0..9).map(|i| f16::from_f32(i as f32 / 8.0)).collect();
     let mut w = StoreWriter::create(&dir).unwrap();
     w.add(
@@ -95,12 +99,12 @@ fn registered_device_loads_through_the_ring() {
     )
     .unwrap();
     w.add(
-        TensorSpec::new("odd", DType::U8, [3, odd.len() / 3]).blocks(odd_layout),
+        TensorSpec::new("odd", DType::U8, [6201, odd_layout.row_bytes()]).blocks(odd_layout),
         &odd,
     )
     .unwrap();
     w.add(
-        TensorSpec::new("norm", DType::F32, [37]),
+        TensorSpec::new("norm", DType::F32, [300_000]),
         &norm
             .iter()
             .flat_map(|v| v.to_le_bytes())
@@ -115,6 +119,15 @@ fn registered_device_loads_through_the_ring() {
             .collect::<Vec<u8>>(),
     )
     .unwrap();
+    let bias: Vec<f32> = (0..37).map(|i| i as f32 - 18.0).collect();
+    w.add(
+        TensorSpec::new("bias", DType::F32, [37]),
+        &bias
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
     w.finish().unwrap();
 
     let mut module = Weights {
@@ -124,10 +137,11 @@ fn registered_device_loads_through_the_ring() {
         ),
         odd: Param::initialized(
             ParamId::new(),
-            Tensor::<2, Int>::zeros([3, odd.len() / 3], (&device, DType::U8)),
+            Tensor::<2, Int>::zeros([6201, odd_layout.row_bytes()], (&device, DType::U8)),
         ),
-        norm: Param::from_tensor(Tensor::zeros([37], &device)),
+        norm: Param::from_tensor(Tensor::zeros([300_000], &device)),
         half: Param::from_tensor(Tensor::zeros([9], (&device, DType::F16))),
+        bias: Param::from_tensor(Tensor::zeros([37], &device)),
     };
     let before = upload::totals();
     let mut store = MappedStore::open(&dir).unwrap();
@@ -144,13 +158,14 @@ fn registered_device_loads_through_the_ring() {
     assert_eq!(module.odd.val().into_data().into_bytes().to_vec(), odd);
     assert_eq!(
         module.norm.val().into_data(),
-        TensorData::new(norm, [37]),
+        TensorData::new(norm, [300_000]),
         "norm"
     );
     assert_eq!(
         module.half.val().into_data().try_to_vec::<f16>().unwrap(),
         half
     );
+    assert_eq!(module.bias.val().into_data(), TensorData::new(bias, [37]));
 }
 
 #[test]
@@ -160,7 +175,7 @@ fn block_weight_uploads_through_the_ring() {
     };
     let dir = tmp.path().join("store");
     let layout = BlockLayout::new(GgmlType::Q8_0, 64).unwrap();
-    let rows = 5;
+    let rows = 16_000;
     let data = bytes(rows * layout.row_bytes(), 3);
     let mut w = StoreWriter::create(&dir).unwrap();
     w.add(

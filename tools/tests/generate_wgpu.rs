@@ -103,9 +103,10 @@ fn generate_on_wgpu_gives_the_reference_tokens_from_blocks_and_the_q8_store() {
             "{extra:?}"
         );
         assert_eq!(summary["in_place"], extra.is_empty(), "{extra:?}");
-        // The layers' weights (over 300 MB either way) came through burn-mapped's staging ring.
+        // The layers' matrices (over 256 MiB as blocks or q8) came through burn-mapped's
+        // staging ring.
         let uploaded = summary["uploaded_bytes"].as_u64().unwrap_or(0);
-        assert!(uploaded > 300 << 20, "{extra:?}: uploaded {uploaded} bytes");
+        assert!(uploaded > 256 << 20, "{extra:?}: uploaded {uploaded} bytes");
         launches.push(summary["launches_per_token"].as_u64().unwrap());
         eprintln!(
             "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens after {} equal the \

@@ -197,6 +197,9 @@ pub fn load_with(
     if let Some(stager) = &stager {
         stage_every_projection(&mut model, &store, stager)?;
     }
+    // The staging ring the GPU upload kept between the model's loads is no longer needed.
+    #[cfg(feature = "wgpu")]
+    burn_mapped::upload::release_staging(device);
     if placement == Placement::Resident {
         // The weights are owned copies now; reopening maps the files without touching a page,
         // so the copy's source pages leave this process's resident set.
