@@ -137,12 +137,12 @@ impl MappedStore {
         let [device] = devices.as_slice() else {
             return Ok(Vec::new());
         };
-        let Some(mut session) = crate::upload::Session::begin(device) else {
+        let Some(mut staging) = crate::upload::Staging::begin(device) else {
             return Ok(Vec::new());
         };
         let (loaded, done) =
-            crate::upload::upload_module(self, module.clone(), left_out, &mut session)?;
-        session.finish()?;
+            crate::upload::upload_module(self, module.clone(), left_out, &mut staging)?;
+        staging.finish()?;
         *module = loaded;
         Ok(done)
     }

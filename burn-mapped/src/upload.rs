@@ -69,7 +69,7 @@ pub fn register(device: &Device, wgpu_device: wgpu::Device, queue: wgpu::Queue) 
     });
 }
 
-/// `device`'s handles and its idle staging ring (taken: a session owns it until it ends).
+/// `device`'s handles and its idle staging ring (taken: a load's [`Staging`] holds it until it ends).
 fn take(device: &Device) -> Option<(Handles, Vec<Slot>)> {
     let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
     let r = registered.iter_mut().find(|r| &r.device == device)?;
@@ -114,7 +114,7 @@ struct Slot {
 
 /// One load's uploads onto one device, through the device's staging ring (kept for the next
 /// load when it ends, until [`release_staging`]).
-pub(crate) struct Session {
+pub(crate) struct Staging {
     handles: Handles,
     device: Device,
     slots: Vec<Slot>,
@@ -125,8 +125,8 @@ pub(crate) struct Session {
     stats: UploadStats,
 }
 
-impl Session {
-    /// A session for `device`, or `None` where it is not registered.
+impl Staging {
+    /// The staging for a load onto `device`, or `None` where it is not registered.
     pub(crate) fn begin(device: &Device) -> Option<Self> {
         let (handles, slots) = take(device)?;
         let threads = std::thread::available_parallelism()
@@ -143,8 +143,9 @@ impl Session {
         })
     }
 
-    /// `bytes` as a new integer tensor of `shape` and `dtype` on the session's device, or `None`
-    /// where CubeCL's buffer for it cannot be reached (the caller then uses `from_data`).
+    /// `bytes` as a new integer tensor of `shape` and `dtype` on the device, or `None` where
+    /// it does not take this path (see [`fits`]; or CubeCL does not hand out its buffer): the
+    /// caller then uses `from_data`.
     ///
     /// # Errors
     /// [`StoreError::Upload`] when the GPU refuses a step of the copy; the tensor is unusable.
@@ -213,7 +214,7 @@ impl Session {
         Ok(true)
     }
 
-    /// One chunk: into the next staging buffer on the session's threads, then a GPU copy.
+    /// One chunk: into the next staging buffer on the load's threads, then a GPU copy.
     fn copy(
         &mut self,
         name: &str,
@@ -267,7 +268,7 @@ impl Session {
         Ok(())
     }
 
-    /// Waits for the GPU's copies and frees the staging ring.
+    /// Waits for the GPU's copies and hands the ring back to the device's registration.
     ///
     /// # Errors
     /// [`StoreError::Upload`] when waiting for the copies fails.
@@ -387,7 +388,7 @@ pub fn is_registered(device: &Device) -> bool {
     registered.iter().any(|r| &r.device == device)
 }
 
-/// Every parameter of `module` whose store tensor uploads through `session` (the module's
+/// Every parameter of `module` whose store tensor uploads through `staging` (the module's
 /// own load transform applied, its lazy initializer never run), except those at the paths in
 /// `skip`; the others stay as they were. Returns the module and the paths it loaded.
 ///
@@ -397,12 +398,12 @@ pub(crate) fn upload_module<M: Module>(
     store: &MappedStore,
     module: M,
     skip: &[&str],
-    session: &mut Session,
+    staging: &mut Staging,
 ) -> Result<(M, Vec<String>), StoreError> {
     let mut mapper = Uploads {
         store,
         skip,
-        session,
+        staging,
         path: Vec::new(),
         done: Vec::new(),
         error: None,
@@ -417,7 +418,7 @@ pub(crate) fn upload_module<M: Module>(
 struct Uploads<'a> {
     store: &'a MappedStore,
     skip: &'a [&'a str],
-    session: &'a mut Session,
+    staging: &'a mut Staging,
     path: Vec<String>,
     done: Vec<String>,
     error: Option<StoreError>,
@@ -431,7 +432,7 @@ impl Uploads<'_> {
         param: Param<T>,
         rank: usize,
         shape_of: impl Fn(&Param<T>) -> Shape,
-        upload: impl FnOnce(&mut Session, &str, &[u8], Shape, DType) -> Result<Option<T>, StoreError>,
+        upload: impl FnOnce(&mut Staging, &str, &[u8], Shape, DType) -> Result<Option<T>, StoreError>,
     ) -> Param<T> {
         if self.error.is_some() {
             return param;
@@ -464,7 +465,7 @@ impl Uploads<'_> {
             }
         };
         let shape = Shape::from(entry.shape().to_vec());
-        match upload(self.session, &name, bytes, shape, entry.dtype()) {
+        match upload(self.staging, &name, bytes, shape, entry.dtype()) {
             Ok(Some(tensor)) => {
                 self.done.push(name);
                 let id = param.id;

@@ -77,13 +77,13 @@ impl BlockWeight {
         })?;
         let store_err = |e| BlockError::Store(Box::new(e));
         #[cfg(feature = "wgpu")]
-        if let Some(mut session) = crate::upload::Session::begin(device) {
+        if let Some(mut staging) = crate::upload::Staging::begin(device) {
             let bytes = store.bytes(name).map_err(store_err)?;
             let shape = burn::tensor::Shape::from(entry.shape().to_vec());
-            let uploaded = session
+            let uploaded = staging
                 .int::<2>(name, bytes, shape, DType::U8)
                 .map_err(store_err)?;
-            session.finish().map_err(store_err)?;
+            staging.finish().map_err(store_err)?;
             if let Some(tensor) = uploaded {
                 return Self::new(tensor, layout);
             }
