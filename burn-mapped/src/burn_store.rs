@@ -49,6 +49,10 @@ impl MappedStore {
     /// as a vocabulary matrix in row blocks ([`tensor_rows`](Self::tensor_rows)) on a device
     /// that cannot bind it whole.
     ///
+    /// On a wgpu device registered with `burn_mapped::upload` (feature `wgpu`), the tensors
+    /// that go through its staging ring are loaded first and are not in the returned
+    /// [`ApplyResult`], which lists what burn-store's applier did with the rest.
+    ///
     /// # Errors
     ///
     /// As `load_from`: a dtype the device cannot hold, shape or dtype mismatches, module
