@@ -69,6 +69,12 @@ pub fn register(device: &Device, wgpu_device: wgpu::Device, queue: wgpu::Queue) 
     });
 }
 
+/// Whether loads onto `device` upload through this module.
+pub fn is_registered(device: &Device) -> bool {
+    let registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    registered.iter().any(|r| &r.device == device)
+}
+
 /// `device`'s handles and its idle staging ring (taken: a load's [`Staging`] holds it until it ends).
 fn take(device: &Device) -> Option<(Handles, Vec<Slot>)> {
     let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
@@ -86,7 +92,7 @@ pub fn release_staging(device: &Device) {
     }
 }
 
-/// What a load moved through the staging ring.
+/// What went through the staging ring.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UploadStats {
     /// Tensors uploaded.
@@ -268,11 +274,12 @@ impl Staging {
         Ok(())
     }
 
-    /// Waits for the GPU's copies and hands the ring back to the device's registration.
+    /// Waits for the GPU's copies, adds them to [`totals`] and hands the ring back to the
+    /// device's registration.
     ///
     /// # Errors
     /// [`StoreError::Upload`] when waiting for the copies fails.
-    pub(crate) fn finish(mut self) -> Result<UploadStats, StoreError> {
+    pub(crate) fn finish(mut self) -> Result<(), StoreError> {
         if let Some(submission) = self.last.take() {
             self.handles
                 .device
@@ -294,7 +301,7 @@ impl Staging {
         if let Some(r) = registered.iter_mut().find(|r| r.device == self.device) {
             r.idle = std::mem::take(&mut self.slots);
         }
-        Ok(self.stats)
+        Ok(())
     }
 }
 
@@ -382,12 +389,6 @@ impl Target {
 // SAFETY: only ever written through disjoint spans, one thread each, within a scope.
 unsafe impl Send for Target {}
 
-/// Whether loads onto `device` upload through this module.
-pub fn is_registered(device: &Device) -> bool {
-    let registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    registered.iter().any(|r| &r.device == device)
-}
-
 /// Every parameter of `module` whose store tensor uploads through `staging` (the module's
 /// own load transform applied, its lazy initializer never run), except those at the paths in
 /// `skip`; the others stay as they were. Returns the module and the paths it loaded.
@@ -431,7 +432,6 @@ impl Uploads<'_> {
         &mut self,
         param: Param<T>,
         rank: usize,
-        shape_of: impl Fn(&Param<T>) -> Shape,
         upload: impl FnOnce(&mut Staging, &str, &[u8], Shape, DType) -> Result<Option<T>, StoreError>,
     ) -> Param<T> {
         if self.error.is_some() {
@@ -447,7 +447,7 @@ impl Uploads<'_> {
         if entry.shape().len() != rank {
             return param;
         }
-        let expected = shape_of(&param);
+        let expected = param.lazy_shape();
         if expected.to_vec().as_slice() != entry.shape() {
             self.error = Some(StoreError::ShapeMismatch {
                 tensor: name,
@@ -490,32 +490,22 @@ impl ModuleMapper for Uploads<'_> {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        self.place(
-            param,
-            D,
-            Param::lazy_shape,
-            |s, name, bytes, shape, dtype| {
-                if dtype.is_float() {
-                    s.float::<D>(name, bytes, shape, dtype)
-                } else {
-                    Ok(None)
-                }
-            },
-        )
+        self.place(param, D, |s, name, bytes, shape, dtype| {
+            if dtype.is_float() {
+                s.float::<D>(name, bytes, shape, dtype)
+            } else {
+                Ok(None)
+            }
+        })
     }
 
     fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
-        self.place(
-            param,
-            D,
-            Param::lazy_shape,
-            |s, name, bytes, shape, dtype| {
-                if dtype.is_int() || dtype.is_uint() {
-                    s.int::<D>(name, bytes, shape, dtype)
-                } else {
-                    Ok(None)
-                }
-            },
-        )
+        self.place(param, D, |s, name, bytes, shape, dtype| {
+            if dtype.is_int() || dtype.is_uint() {
+                s.int::<D>(name, bytes, shape, dtype)
+            } else {
+                Ok(None)
+            }
+        })
     }
 }

@@ -17,6 +17,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use burn_mapped::blocks::BlockWeight;
 use burn_mapped::gguf::{BlockLayout, GgmlType};
 use burn_mapped::{MappedStore, StoreWriter, TensorSpec, upload};
+use burn_mapped_tests::numeric::f32_le_bytes;
 
 #[derive(Module, Debug)]
 struct Weights {
@@ -105,10 +106,7 @@ fn registered_device_loads_through_the_ring() {
     .unwrap();
     w.add(
         TensorSpec::new("norm", DType::F32, [300_000]),
-        &norm
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
+        &f32_le_bytes(&norm),
     )
     .unwrap();
     w.add(
@@ -122,10 +120,7 @@ fn registered_device_loads_through_the_ring() {
     let bias: Vec<f32> = (0..37).map(|i| i as f32 - 18.0).collect();
     w.add(
         TensorSpec::new("bias", DType::F32, [37]),
-        &bias
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>(),
+        &f32_le_bytes(&bias),
     )
     .unwrap();
     w.finish().unwrap();
