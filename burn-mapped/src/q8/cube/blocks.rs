@@ -32,6 +32,7 @@ use burn_cubecl::cubecl;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
+use half::f16;
 
 use super::common::{clamped_bases, f16_bits_to_f32, grid, write_rows, zeros};
 use super::dot::{Addend, Word4};
@@ -729,13 +730,24 @@ fn block_rows_kernel(
         let second = at + comptime!(BLOCK * second_block(kind));
         #[unroll]
         for i in 0..16usize {
-            let shift = (24 - 8 * (i % 4)) as u32;
-            let ql = i32::reinterpret(lo[i / 4] << shift) >> 24;
-            let qh = i32::reinterpret(hi[i / 4] << shift) >> 24;
-            out[at + i] = coef[0] * f32::cast_from(ql) - coef[1];
-            out[second + i] = coef[2] * f32::cast_from(qh) - coef[3];
+            out[at + i] = unit_value(&lo, &coef, 0usize, i);
+            out[second + i] = unit_value(&hi, &coef, 2usize, i);
         }
     }
+}
+
+/// Value `i` of a decoded block of 16 (its int8 quants in the four words `q`, its `a` and `m`
+/// at `coef[c]` and `coef[c + 1]`): `a * q_i - m`.
+#[cube]
+fn unit_value(
+    q: &Array<u32>,
+    coef: &Array<f32>,
+    #[comptime] c: usize,
+    #[comptime] i: usize,
+) -> f32 {
+    let shift = comptime!((24 - 8 * (i % 4)) as u32);
+    let qi = i32::reinterpret(q[comptime!(i / 4)] << shift) >> 24;
+    coef[c] * f32::cast_from(qi) - coef[c + 1]
 }
 
 /// Launches [`block_rows_kernel`] for `t` rows of `out` (`t * n` f32) from a block weight.
@@ -964,6 +976,62 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
             a.kind(),
             b.kind(),
             lanes,
+        );
+    }
+}
+
+/// Every row of a block matrix of rows of `n` values, dequantized into `out` as f16: a
+/// prompt's weight for the matrix units ([`super::matrix`]). One unit a thread, the grid's
+/// rows the matrix's.
+#[cube(launch_unchecked)]
+fn block_f16_kernel(
+    w: &[u32],
+    wv: &[Word4],
+    out: &mut [f16],
+    rows: usize,
+    #[comptime] n: usize,
+    #[comptime] kind: u32,
+) {
+    let k = ABSOLUTE_POS_X as usize;
+    let r = CUBE_POS_Y as usize;
+    if k < comptime!(n / UNIT) && r < rows {
+        let mut lo = Array::<u32>::new(4usize);
+        let mut hi = Array::<u32>::new(4usize);
+        let mut coef = Array::<f32>::new(4usize);
+        let stride = comptime!(row_bytes(kind, n));
+        let b = unit_decode(w, wv, r * stride, k, &mut lo, &mut hi, &mut coef, kind);
+        let at = r * n + BLOCK * b;
+        let second = at + comptime!(BLOCK * second_block(kind));
+        #[unroll]
+        for i in 0..16usize {
+            out[at + i] = f16::cast_from(unit_value(&lo, &coef, 0usize, i));
+            out[second + i] = f16::cast_from(unit_value(&hi, &coef, 2usize, i));
+        }
+    }
+}
+
+/// Launches [`block_f16_kernel`] over the whole of a block weight into `out` (`out * n` f16).
+///
+/// # Safety
+///
+/// The weight as for [`launch`], of at most 65535 rows (a grid's `y`); `out` holds
+/// `weight.out * n` f16 and is not the weight.
+pub(super) unsafe fn launch_f16(client: &Client, weight: BlockPart<'_>, out: &Handle) {
+    let n = weight.layout.cols();
+    let threads = 64;
+    // SAFETY: the caller vouches for the lengths; a thread past the row's units or the
+    // matrix's rows writes nothing, and each thread writes its own unit's 32 values.
+    unsafe {
+        block_f16_kernel::launch_unchecked(
+            client,
+            CubeCount::Static((n / UNIT).div_ceil(threads) as u32, weight.out as u32, 1),
+            CubeDim::new_1d(threads as u32),
+            BufferArg::from_raw_parts(weight.bytes.clone(), weight.words()),
+            BufferArg::from_raw_parts(weight.bytes.clone(), weight.vectors()),
+            BufferArg::from_raw_parts(out.clone(), weight.out * n),
+            weight.out,
+            n,
+            weight.kind(),
         );
     }
 }

@@ -18,6 +18,7 @@ use super::blocks::{self, BlockPart};
 pub use super::dot::{Word4, split_block};
 use super::fused::StagedSplit;
 pub use super::fused::{Prologue, PrologueInput, fused_max_in};
+pub use super::matrix::{MatrixScratch, matrix_products, matrix_units};
 pub use super::paired::Pairing;
 use super::{contiguous, dot, fused, paired};
 use crate::blocks::BlockLayout;
@@ -64,11 +65,11 @@ pub fn split_words(rows: usize, inp: usize) -> usize {
 /// scale per row) or a GGUF's own blocks.
 #[derive(Debug, Clone)]
 pub struct DirectWeight {
-    inner: Inner,
+    pub(super) inner: Inner,
 }
 
 #[derive(Debug, Clone)]
-enum Inner {
+pub(super) enum Inner {
     Q8 {
         values: CubeTensor,
         scales: Box<CubeTensor>,
@@ -159,8 +160,13 @@ impl DirectWeight {
         }
     }
 
+    /// The device the buffers live on.
+    pub(super) fn device(&self) -> burn_cubecl::CubeDevice {
+        self.tensor().device.clone()
+    }
+
     /// The block kernels' binding of the weight with an addend and output, or `None` for q8.
-    fn block_part<'a>(
+    pub(super) fn block_part<'a>(
         &'a self,
         bias: Option<dot::Addend<'a>>,
         y: &'a Handle,
@@ -197,7 +203,7 @@ pub enum DirectError {
     Parts(String),
 }
 
-fn check(what: &'static str, handle: &Handle, needed: usize) -> Result<(), DirectError> {
+pub(super) fn check(what: &'static str, handle: &Handle, needed: usize) -> Result<(), DirectError> {
     let found = handle.size_in_used();
     let needed = (needed * size_of::<u32>()) as u64;
     if found < needed {

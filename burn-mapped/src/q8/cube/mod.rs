@@ -25,6 +25,7 @@ pub mod direct;
 mod dot;
 mod fma;
 mod fused;
+mod matrix;
 mod paired;
 
 #[cfg(any(test, feature = "gpu-tests"))]
