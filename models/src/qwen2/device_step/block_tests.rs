@@ -6,8 +6,8 @@ use burn::tensor::{DType, Int, Tensor, TensorData, f16};
 use burn_cubecl::cubecl;
 use burn_mapped::gguf::{BlockLayout, GgmlType, dequantize_to_vec, scale_offsets};
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, Product, fused_products, lookup_rows, paired_products, products,
-    split_words, staged_product,
+    Addend, DirectWeight, MatrixScratch, Product, fused_products, lookup_rows, matrix_products,
+    paired_products, products, split_words, staged_product,
 };
 use burn_mapped_tests::synthetic::XorShift;
 use cubecl::prelude::*;
@@ -15,8 +15,8 @@ use cubecl::server::Handle;
 
 use super::kernels::{self, THREADS};
 use super::tests::{
-    assert_silu_mul, assert_within, client, floats, norm_input, norm_rows, rms_norm, unsplit,
-    upload, upload_u32, values, words,
+    assert_silu_mul, assert_within, client, floats, norm_input, norm_rows, q8_weight, rms_norm,
+    unsplit, upload, upload_u32, values, words,
 };
 
 /// Random `ty` blocks, `out` rows of `inp` values, each f16 scale field `0.01` times a value in
@@ -312,6 +312,97 @@ fn tiled_block_products_of_a_prompts_rows_match_the_f64_reference() {
             &want,
             &format!("{ty:?} x {n}, {rows} rows"),
         );
+    }
+}
+
+#[test]
+fn matrix_products_of_a_prompts_rows_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // A prompt's products through f16 matrices (the matrix units' path; on a device without
+    // them the same conversions around a unit matmul): every block type and q8, row counts
+    // that fill no tile of 16, 36 outputs, every addend, two and three products sharing the
+    // rows' conversion, at the widths of 0.5B (896, 4864) and 7B (3584, 18944).
+    let cases = [
+        (
+            896usize,
+            &[GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0][..],
+            7usize,
+            "bias",
+        ),
+        (896, &[GgmlType::Q8_0][..], 17, "residual"),
+        (3584, &[GgmlType::Q4_K, GgmlType::Q4_K][..], 9, "none"),
+        (3584, &[GgmlType::Q6_K][..], 33, "bias"),
+        (4864, &[GgmlType::Q6_K][..], 5, "residual"),
+        (18944, &[GgmlType::Q4_K][..], 3, "residual"),
+    ];
+    let out = 36usize;
+    let scratch = MatrixScratch::new(&c, 40, 18944, 64, 36 * 18944);
+    for (case, (n, types, rows, add)) in cases.into_iter().enumerate() {
+        let seed = 1700 + 10 * case as u64;
+        let mut x: Vec<f32> = values(rows * n, seed).iter().map(|v| 2.0 * v).collect();
+        x[n..2 * n].iter_mut().for_each(|v| *v *= 1e-3);
+        // A row past f16's range (65504), as a 7B's `silu(gate) * up` can be.
+        x[2 * n..3 * n].iter_mut().for_each(|v| *v *= 1e5);
+        let mut weights: Vec<(DirectWeight, Vec<f64>)> = types
+            .iter()
+            .enumerate()
+            .map(|(i, &ty)| block_weight(ty, out, n, seed + 1 + i as u64))
+            .collect();
+        if case == 1 {
+            // A q8 weight beside the blocks (the q8 store's prompts take this path too).
+            let (w, q, s) = q8_weight(out, n, seed + 5);
+            let decoded = q.iter().enumerate().map(|(i, v)| v * s[i / n]).collect();
+            weights.push((w, decoded));
+        }
+        let addend = match add {
+            "bias" => values(out, seed + 2),
+            "residual" => values(rows * out, seed + 2),
+            _ => vec![0.0; rows * out],
+        };
+        let split = upload_u32(&c, &host_split(&x));
+        let ah = upload(&c, &addend);
+        let ys: Vec<Handle> = weights
+            .iter()
+            .map(|_| upload(&c, &vec![f32::NAN; rows * out]))
+            .collect();
+        let parts: Vec<Product> = weights
+            .iter()
+            .zip(&ys)
+            .map(|((weight, _), y)| Product {
+                weight,
+                add: match add {
+                    "bias" => Addend::Bias(&ah),
+                    "residual" => Addend::Residual(&ah),
+                    _ => Addend::None,
+                },
+                y,
+            })
+            .collect();
+        matrix_products(&split, rows, &parts, &scratch).expect("launch");
+        let act: Vec<f64> = unsplit(&host_split(&x), rows * n)
+            .into_iter()
+            .map(|(value, _)| value)
+            .collect();
+        for ((weight, decoded), y) in weights.iter().zip(&ys) {
+            // Each input (over its row's largest) and weight rounded to f16: half an ulp,
+            // 2^-11 of the value, or half the subnormal step; the sums in f32.
+            let mut want = bounds(&act, decoded, n, false);
+            for (i, value) in want.iter_mut().enumerate() {
+                let (r, o) = (i / out, i % out);
+                let (row, w) = (&act[r * n..][..n], &decoded[o * n..][..n]);
+                let top = row.iter().fold(0f64, |m, x| m.max(x.abs()));
+                let mag: f64 = row.iter().zip(w).map(|(x, w)| (x * w).abs()).sum();
+                let tiny: f64 = row
+                    .iter()
+                    .zip(w)
+                    .map(|(x, w)| top * w.abs() + x.abs())
+                    .sum();
+                value.1 += (2.0 * 2f64.powi(-11) + 3e-5) * mag + 2f64.powi(-25) * tiny;
+                value.0 += f64::from(addend[if add == "bias" { o } else { i }]);
+            }
+            let what = format!("{} x {n}, {rows} rows, matrix units", weight.format());
+            assert_within(&floats(&c, y), &want, &what);
+        }
     }
 }
 

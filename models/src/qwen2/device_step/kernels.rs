@@ -496,6 +496,220 @@ pub(super) fn attention_kernel(
     }
 }
 
+/// Prompt positions one cube of [`prompt_attention_kernel`] attends for.
+pub(super) const PROMPT_QUERIES: usize = 16;
+
+/// Keys (and then values) [`prompt_attention_kernel`] holds in shared memory at once.
+const PROMPT_KEYS: usize = 32;
+
+/// The f32 of shared memory [`prompt_attention_kernel`] takes for heads of `head_dim` values.
+pub(super) fn prompt_attention_shared(head_dim: usize) -> usize {
+    PROMPT_QUERIES * head_dim
+        + PROMPT_KEYS * (head_dim + 1)
+        + PROMPT_QUERIES * PROMPT_KEYS
+        + 3 * PROMPT_QUERIES
+}
+
+/// Causal attention of a prompt pass: head `h` (the grid's `x`) for [`PROMPT_QUERIES`]
+/// consecutive rows of the pass (tile `y`) at positions `pos[0] + t`, over the cache, which
+/// [`cache_write_kernel`] filled up to the pass's last position; each output split for the
+/// o-projection as [`attention_kernel`] splits it.
+///
+/// [`attention_kernel`] gives each position a cube, which reads every key and value before
+/// it: a prompt's attention reads the cache once per position and head, as many loads as the
+/// square of its length. Here a cube holds its rows' rotated queries in shared memory and
+/// walks the keys in tiles of [`PROMPT_KEYS`], each loaded once (coalesced) for all its rows,
+/// then the values likewise: the softmax kept per row as a running maximum and sum. Shared
+/// rows of keys are padded by one value, so the threads of a warp reading one value of
+/// different keys hit different banks.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prompt_attention_kernel(
+    q: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    pos: &[u32],
+    kc: &[f32],
+    vc: &[f32],
+    xq: &mut [Word4],
+    xs: &mut [f32],
+    rows: usize,
+    capacity: usize,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] group: usize,
+    #[comptime] heads: usize,
+) {
+    let h = CUBE_POS_X as usize;
+    let g = h / group;
+    let t0 = CUBE_POS_Y as usize * PROMPT_QUERIES;
+    let tid = UNIT_POS as usize;
+    let p0 = pos[0] as usize;
+    let stride = comptime!(head_dim + 1);
+    let mut sq = Shared::<[f32]>::new_slice(comptime!(PROMPT_QUERIES * head_dim));
+    let mut skv = Shared::<[f32]>::new_slice(comptime!(PROMPT_KEYS * (head_dim + 1)));
+    let mut sp = Shared::<[f32]>::new_slice(comptime!(PROMPT_QUERIES * PROMPT_KEYS));
+    let mut sm = Shared::<[f32]>::new_slice(PROMPT_QUERIES);
+    let mut sl = Shared::<[f32]>::new_slice(PROMPT_QUERIES);
+    let mut sc = Shared::<[f32]>::new_slice(PROMPT_QUERIES);
+    // The rows' live count: rows past the pass, or past the cache (a caller's bug), attend to
+    // nothing and write nothing.
+    let mut live = rows - t0;
+    if t0 >= rows {
+        live = 0;
+    }
+    if live > PROMPT_QUERIES {
+        live = PROMPT_QUERIES;
+    }
+    if p0 + t0 + live > capacity {
+        live = 0;
+        if p0 + t0 < capacity {
+            live = capacity - p0 - t0;
+        }
+    }
+    let mut i = tid;
+    while i < comptime!(PROMPT_QUERIES * head_dim) {
+        let r = i / head_dim;
+        let mut value = 0.0f32;
+        if r < live {
+            let t = t0 + r;
+            let at = (t * heads + h) * head_dim;
+            value = rotated(q, at, i % head_dim, cos, sin, p0 + t, head_dim);
+        }
+        sq[i] = value;
+        i += THREADS;
+    }
+    if tid < PROMPT_QUERIES {
+        sm[tid] = LOWEST.runtime();
+        sl[tid] = 0.0;
+    }
+    // Keys `0..len`: up to the last live row's position.
+    let len = p0 + t0 + live;
+    let base = g * capacity * head_dim;
+    // Each thread's outputs: value `d` of rows `r0 + u * step`.
+    let per = comptime!(PROMPT_QUERIES * head_dim / THREADS);
+    let step = comptime!(THREADS / head_dim);
+    let d = tid % head_dim;
+    let r0 = tid / head_dim;
+    let mut acc = Array::<f32>::new(per);
+    #[unroll]
+    for u in 0..per {
+        acc[u] = 0.0;
+    }
+    sync_cube();
+    let mut k0 = 0usize;
+    if live == 0 {
+        k0 = len;
+    }
+    while k0 < len {
+        load_tile(kc, &mut skv, base, k0, len, head_dim);
+        sync_cube();
+        #[unroll]
+        for u in 0..comptime!(PROMPT_QUERIES * PROMPT_KEYS / THREADS) {
+            let pr = tid + u * THREADS;
+            let r = pr / PROMPT_KEYS;
+            let j = pr % PROMPT_KEYS;
+            let mut dot = 0.0f32;
+            #[unroll]
+            for e in 0..head_dim {
+                dot += sq[r * head_dim + e] * skv[j * stride + e];
+            }
+            let mut score = LOWEST.runtime();
+            if k0 + j <= p0 + t0 + r && r < live {
+                score = dot * scale;
+            }
+            sp[pr] = score;
+        }
+        sync_cube();
+        if tid < PROMPT_QUERIES {
+            let r = tid;
+            let mut top = sm[r];
+            for j in 0..PROMPT_KEYS {
+                top = f32::max(top, sp[r * PROMPT_KEYS + j]);
+            }
+            let mut sum = 0.0f32;
+            for j in 0..PROMPT_KEYS {
+                let mut w = 0.0f32;
+                if k0 + j <= p0 + t0 + r && r < live {
+                    w = f32::exp(sp[r * PROMPT_KEYS + j] - top);
+                }
+                sp[r * PROMPT_KEYS + j] = w;
+                sum += w;
+            }
+            // The first tile's correction is `exp(LOWEST - top)`: 0, or 1 over a row with no
+            // key yet, whose sums are still 0.
+            let c = f32::exp(sm[r] - top);
+            sl[r] = sl[r] * c + sum;
+            sm[r] = top;
+            sc[r] = c;
+        }
+        sync_cube();
+        load_tile(vc, &mut skv, base, k0, len, head_dim);
+        sync_cube();
+        #[unroll]
+        for u in 0..per {
+            let r = r0 + u * step;
+            let mut a = acc[u] * sc[r];
+            for j in 0..PROMPT_KEYS {
+                a += sp[r * PROMPT_KEYS + j] * skv[j * stride + d];
+            }
+            acc[u] = a;
+        }
+        sync_cube();
+        k0 += PROMPT_KEYS;
+    }
+    #[unroll]
+    for u in 0..per {
+        let r = r0 + u * step;
+        sq[r * head_dim + d] = acc[u] / sl[r];
+    }
+    sync_cube();
+    let per_head = comptime!(head_dim / BLOCK);
+    if tid < comptime!(PROMPT_QUERIES * head_dim / BLOCK) {
+        let r = tid / per_head;
+        let b = tid % per_head;
+        if r < live {
+            let blocks = rows * comptime!(heads * head_dim / BLOCK);
+            let mut vals = Array::<F4>::new(4usize);
+            #[unroll]
+            for i in 0..4usize {
+                let mut four = F4::new(0.0f32);
+                #[unroll]
+                for c in 0..4usize {
+                    four.insert(c, sq[r * head_dim + b * BLOCK + 4 * i + c]);
+                }
+                vals[i] = four;
+            }
+            let at = ((t0 + r) * heads + h) * per_head + b;
+            split_block(&vals, xq, xs, at, blocks, 8 * blocks);
+        }
+    }
+}
+
+/// Rows `k0..k0 + PROMPT_KEYS` of a head's cache (`head_dim` values each from `base`) into
+/// `tile`, rows padded to `head_dim + 1`; zeros from `len` on.
+#[cube]
+fn load_tile(
+    cache: &[f32],
+    tile: &mut Shared<[f32]>,
+    base: usize,
+    k0: usize,
+    len: usize,
+    #[comptime] head_dim: usize,
+) {
+    let mut i = UNIT_POS as usize;
+    while i < comptime!(PROMPT_KEYS * head_dim) {
+        let j = i / head_dim;
+        let e = i % head_dim;
+        let mut value = 0.0f32;
+        if k0 + j < len {
+            value = cache[base + (k0 + j) * head_dim + e];
+        }
+        tile[j * comptime!(head_dim + 1) + e] = value;
+        i += THREADS;
+    }
+}
+
 /// Row `t`'s output of head `h` (`head_dim` values in `out`) split for the o-projection, by
 /// the cube's first `head_dim / BLOCK` threads.
 #[cube]

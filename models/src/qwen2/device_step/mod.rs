@@ -24,14 +24,15 @@
 //! recording. Where the runtime records no graph, the same launches run every step. One step
 //! is always in flight ahead of the host's read of the previous token.
 //!
-//! The prompt runs before, once, through the same kernels over all its positions at a time
-//! (in passes of [`DeviceDecoder::with_prefill_rows`]): each product is one launch over the
-//! pass's positions, the keys and values of the pass go into the cache in one launch, and
-//! attention runs for every position at once; the last position's choice is the first new
-//! token. The products run the single-row kernel the decode step runs, one cube row per
-//! position (each reads the weight from the device's cache): the eight-row kernel would read it
-//! once per eight positions, but it is a second set of kernels to compile in every process, and
-//! compilation is most of a short prompt's time to its first token.
+//! The prompt runs before, once, over all its positions at a time (in passes of
+//! [`DeviceDecoder::with_prefill_rows`]); the last position's choice is the first new token. A
+//! pass of eight positions or more norms its rows apart from its products and runs each product
+//! over all of them: where the device has matrix units (cooperative matrices), as one f16
+//! matrix product per weight, the weight dequantized for it ([`matrix_products`]); elsewhere
+//! over GGUF blocks as dp4a tiles of eight positions. Its keys and values go into the cache in
+//! one launch, and its attention reads them in tiles shared by sixteen positions
+//! ([`kernels::prompt_attention_kernel`]). A shorter pass runs the decode step's own kernels,
+//! one cube row per position, which compiles nothing more for a short prompt.
 //!
 //! It takes a model whose projections and LM head are q8 or a GGUF's own blocks (Q8_0, Q5_0,
 //! Q4_K, Q6_K, read as the file holds them), with rows of whole blocks whose hidden width (and
@@ -52,8 +53,9 @@ use burn::tensor::DType;
 use burn_cubecl::cubecl;
 use burn_cubecl::tensor::CubeTensor;
 use burn_mapped::q8::direct::{
-    Addend, DirectWeight, Product, PrologueInput, cube_float, fused_max_in, fused_products,
-    lookup_rows, paired_products, product, products, products_per_row, split_words, staged_product,
+    Addend, DirectError, DirectWeight, MatrixScratch, Product, PrologueInput, cube_float,
+    fused_max_in, fused_products, lookup_rows, matrix_products, matrix_units, paired_products,
+    product, products, products_per_row, split_words, staged_product,
 };
 use cubecl::bytes::Bytes;
 use cubecl::client::{Client, Graph, ProfileWindow};
@@ -114,9 +116,10 @@ fn refused(reason: impl Into<String>) -> DeviceStepRefused {
 /// otherwise: ~32 MiB of activations on Qwen2.5-0.5B.
 const PREFILL_ROWS: usize = 512;
 
-/// Prompt positions from which a prefill pass over GGUF blocks runs the tiled products (the
-/// eight-row tile of [`products`]); shorter passes run the decode step's kernels, so a short
-/// prompt compiles nothing more.
+/// Prompt positions from which a prefill pass runs its products over all its rows (as matrix
+/// products where the device has matrix units, else over GGUF blocks the eight-row tile of
+/// [`products`]) and its attention in tiles; shorter passes run the decode step's kernels, so a
+/// short prompt compiles nothing more.
 const TILED_FROM: usize = 8;
 
 /// Positions one cube of a decode step's attention reads when the cache is longer than
@@ -187,6 +190,8 @@ struct Acts {
     split_i: Handle,
     /// A tiled prefill pass's gate and up outputs, `rows * inter` f32 each ([`Acts::tiled`]).
     mlp: Option<(Handle, Handle)>,
+    /// A prefill pass's scratch for products on the matrix units ([`Acts::matrix`]).
+    matrix: Option<MatrixScratch>,
 }
 
 impl Acts {
@@ -203,12 +208,14 @@ impl Acts {
         .into_iter()
         .chain(self.mlp.iter().flat_map(|(g, u)| [g, u]))
         .map(|h| h.size_in_used())
-        .sum()
+        .sum::<u64>()
+            + self.matrix.as_ref().map_or(0, MatrixScratch::bytes)
     }
 
     /// Activations of `rows` positions; `tiled` adds the gate and up outputs a tiled prefill
-    /// pass writes ([`DeviceDecoder::layers`]).
-    fn new(client: &Client, d: &Dims, rows: usize, tiled: bool) -> Self {
+    /// pass writes ([`DeviceDecoder::layers`]), `matrix` the scratch of its products on the
+    /// matrix units (which are tiled products too).
+    fn new(client: &Client, d: &Dims, rows: usize, tiled: bool, matrix: bool) -> Self {
         let f32s = |n: usize| client.empty(rows * n * size_of::<f32>());
         Self {
             h0: f32s(d.hidden),
@@ -218,7 +225,11 @@ impl Acts {
             k: f32s(d.kv_heads * d.head_dim),
             v: f32s(d.kv_heads * d.head_dim),
             split_i: f32s(split_words(1, d.inter)),
-            mlp: tiled.then(|| (f32s(d.inter), f32s(d.inter))),
+            mlp: (tiled || matrix).then(|| (f32s(d.inter), f32s(d.inter))),
+            matrix: matrix.then(|| {
+                let widest = d.hidden.max(d.inter);
+                MatrixScratch::new(client, rows, widest, widest, d.hidden * widest)
+            }),
         }
     }
 
@@ -226,6 +237,20 @@ impl Acts {
     /// the tiled products; `None` when it runs the decode step's kernels.
     fn tiled(&self, rows: usize) -> Option<&(Handle, Handle)> {
         self.mlp.as_ref().filter(|_| rows >= TILED_FROM)
+    }
+
+    /// The matrix units' scratch when a pass of `rows` positions runs its products there.
+    fn matrix(&self, rows: usize) -> Option<&MatrixScratch> {
+        self.matrix.as_ref().filter(|_| rows >= TILED_FROM)
+    }
+
+    /// The tiled products of a prefill pass of `rows` positions: on the matrix units where
+    /// the pass has their scratch, else the dp4a tiles.
+    fn products(&self, split: &Handle, rows: usize, parts: &[Product]) -> Result<(), DirectError> {
+        match self.matrix(rows) {
+            Some(m) => matrix_products(split, rows, parts, m),
+            None => products(split, rows, parts),
+        }
     }
 }
 
@@ -319,6 +344,11 @@ pub struct DeviceDecoder {
     launches: usize,
     /// The most prompt positions one prefill pass takes.
     prefill_rows: usize,
+    /// Whether a prefill pass's products run as f16 matrix products ([`matrix_products`]).
+    matrix: bool,
+    /// Whether a tiled prefill pass's attention runs [`kernels::prompt_attention_kernel`]
+    /// (the device's shared memory holds its tiles).
+    prompt_attention: bool,
     /// Device bytes of the largest prefill pass's activations so far (made per prompt).
     prefill_bytes: u64,
     /// Host time spent enqueuing the steady steps (replays, or launches without a graph) that
@@ -573,6 +603,11 @@ impl DeviceDecoder {
             )));
         }
         let client = head[0].0.client().clone();
+        let units = matrix_units(&client);
+        let prompt_attention = THREADS.is_multiple_of(dims.head_dim)
+            && dims.head_dim.is_multiple_of(16)
+            && 4 * kernels::prompt_attention_shared(dims.head_dim)
+                <= client.properties().hardware.max_shared_memory_size;
         // The products after a norm stage `hidden` values in shared memory; the down
         // projection stages `inter` only over q8 rows (over blocks it reads its split in place).
         let staged = if layers
@@ -622,7 +657,7 @@ impl DeviceDecoder {
             .collect();
         let (cos, sin) = rope_tables(m.rope_theta(), head_dim, capacity);
         let buf = Buffers {
-            acts: Acts::new(&client, &dims, 1, false),
+            acts: Acts::new(&client, &dims, 1, false, false),
             logits: f32s(vocab),
             block_logits: (head.len() > 1).then(|| f32s(widest)),
             parts: (f32s(ARGMAX_PARTS), f32s(ARGMAX_PARTS)),
@@ -650,6 +685,8 @@ impl DeviceDecoder {
             choice: Choice::Greedy,
             launches: 0,
             prefill_rows: PREFILL_ROWS,
+            matrix: units,
+            prompt_attention,
             prefill_bytes: 0,
             host: std::time::Duration::ZERO,
             chosen: 0,
@@ -720,6 +757,15 @@ impl DeviceDecoder {
     /// a pass's activations take about 64 KiB per position on Qwen2.5-0.5B.
     pub fn with_prefill_rows(mut self, rows: usize) -> Self {
         self.prefill_rows = rows.max(1);
+        self
+    }
+
+    /// This decoder running a prompt pass's products as f16 matrix products (`true`) or as
+    /// the dp4a tiles (`false`), whatever the device has; by default they run as matrix products
+    /// where the device has matrix units ([`matrix_units`]). For comparisons, and for testing
+    /// the path on a device without them (its matrix products then run on the cores).
+    pub fn with_matrix_products(mut self, on: bool) -> Self {
+        self.matrix = on;
         self
     }
 
@@ -798,13 +844,39 @@ impl DeviceDecoder {
             return Ok(None);
         };
         self.client.write(&self.buf.pos, u32_bytes(first as u32));
+        self.time_launches(|s| s.launch().map(drop))
+    }
+
+    /// Where the latest prompt's device time goes, as [`Self::device_time_by_launch`] gives a
+    /// step's: its prefill runs again (the same keys, values and first choice written where
+    /// they are), each launch timed alone. `None` where the device has no timer or no
+    /// generation ran. Run it after the step timings: it leaves the position past the prompt.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceStepError::Device`] when a launch, the timer or a read fails.
+    pub fn prompt_time_by_launch(
+        &mut self,
+    ) -> Result<Option<Vec<(&'static str, std::time::Duration)>>, DeviceStepError> {
+        let Some((n, _)) = self.last_run else {
+            return Ok(None);
+        };
+        self.time_launches(|s| s.prefill(n))
+    }
+
+    /// Runs `launch` with each launch in a timing window of its own; the device's time by kind
+    /// of launch, in the order each kind first runs.
+    fn time_launches(
+        &mut self,
+        launch: impl FnOnce(&mut Self) -> Result<(), DeviceStepError>,
+    ) -> Result<Option<Vec<(&'static str, std::time::Duration)>>, DeviceStepError> {
         let window = self.client.profile_start().map_err(device_error)?;
         *self.timer.borrow_mut() = Some(LaunchTimer {
             window: Some(window),
             closed: Vec::new(),
             error: None,
         });
-        let launched = self.launch();
+        let launched = launch(self);
         let timer = self.timer.borrow_mut().take().expect("set above");
         if let Some(window) = timer.window {
             self.client.profile_abandon(window);
@@ -1072,7 +1144,9 @@ impl DeviceDecoder {
                     .iter()
                     .all(|w| w.reads_split_in_place())
             });
-        let acts = Acts::new(&self.client, &self.dims, rows, tiled);
+        // Where the device has matrix units, a pass's products run there, over q8 or blocks.
+        let matrix = rows >= TILED_FROM && self.matrix;
+        let acts = Acts::new(&self.client, &self.dims, rows, tiled, matrix);
         self.prefill_bytes = self.prefill_bytes.max(acts.bytes());
         for start in (0..n).step_by(rows) {
             let t = rows.min(n - start);
@@ -1168,7 +1242,7 @@ impl DeviceDecoder {
             });
             if tiled {
                 rms_split(c, &a.h0, &l.in_norm, &a.split_h, d.hidden, 0, rows);
-                products(&a.split_h, rows, &qkv).map_err(device_error)?;
+                a.products(&a.split_h, rows, &qkv).map_err(device_error)?;
                 count += 3;
             } else {
                 // SAFETY: the norm reads `rows` rows of `hidden` from `h0` and `hidden`
@@ -1199,64 +1273,39 @@ impl DeviceDecoder {
                 self.timed("cache write");
                 count += 1;
             }
-            // A decode step over a long cache splits each head's positions over cubes.
-            let split = !prefill && d.splits > 1;
-            let (splits, span) = if split {
-                (d.splits, ATTENTION_SPAN)
-            } else {
-                (1, d.capacity)
-            };
-            unsafe {
-                kernels::attention_kernel::launch_unchecked(
-                    c,
-                    CubeCount::Static(d.heads as u32, rows as u32, splits as u32),
-                    CubeDim::new_1d(THREADS as u32),
-                    BufferArg::from_raw_parts(a.q.clone(), rows * d.hidden),
-                    BufferArg::from_raw_parts(a.k.clone(), rows * kv),
-                    BufferArg::from_raw_parts(a.v.clone(), rows * kv),
-                    BufferArg::from_raw_parts(b.cos.clone(), d.capacity * d.head_dim / 2),
-                    BufferArg::from_raw_parts(b.sin.clone(), d.capacity * d.head_dim / 2),
-                    BufferArg::from_raw_parts(b.pos.clone(), 1),
-                    BufferArg::from_raw_parts(l.kc.clone(), cache),
-                    BufferArg::from_raw_parts(l.vc.clone(), cache),
-                    BufferArg::from_raw_parts(l.kc.clone(), cache / 4),
-                    BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
-                    BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
-                    BufferArg::from_raw_parts(b.attention_parts.clone(), attention_parts_len(&d)),
-                    d.capacity,
-                    span,
-                    1.0 / (d.head_dim as f32).sqrt(),
-                    d.head_dim,
-                    d.heads / d.kv_heads,
-                    d.heads,
-                    prefill,
-                    split,
-                );
-            }
-            if split {
-                self.timed("attention");
+            if tiled && self.prompt_attention {
+                // SAFETY: as above: `q` holds `rows` rows of `hidden`, the cache
+                // `kv_heads * capacity * head_dim` (the cache write filled the pass's
+                // positions), the split `rows` rows of `hidden`; a cube's rows past the pass
+                // or the cache write nothing.
                 unsafe {
-                    kernels::attention_combine_kernel::launch_unchecked(
+                    kernels::prompt_attention_kernel::launch_unchecked(
                         c,
-                        CubeCount::Static(d.heads as u32, 1, 1),
-                        CubeDim::new_1d(d.head_dim as u32),
-                        BufferArg::from_raw_parts(
-                            b.attention_parts.clone(),
-                            attention_parts_len(&d),
+                        CubeCount::Static(
+                            d.heads as u32,
+                            rows.div_ceil(kernels::PROMPT_QUERIES) as u32,
+                            1,
                         ),
+                        CubeDim::new_1d(THREADS as u32),
+                        BufferArg::from_raw_parts(a.q.clone(), rows * d.hidden),
+                        BufferArg::from_raw_parts(b.cos.clone(), d.capacity * d.head_dim / 2),
+                        BufferArg::from_raw_parts(b.sin.clone(), d.capacity * d.head_dim / 2),
                         BufferArg::from_raw_parts(b.pos.clone(), 1),
+                        BufferArg::from_raw_parts(l.kc.clone(), cache),
+                        BufferArg::from_raw_parts(l.vc.clone(), cache),
                         BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
                         BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
+                        rows,
                         d.capacity,
-                        d.splits,
+                        1.0 / (d.head_dim as f32).sqrt(),
                         d.head_dim,
+                        d.heads / d.kv_heads,
                         d.heads,
                     );
                 }
-                self.timed("attention combine");
-                count += 1;
-            } else {
                 self.timed("attention");
+            } else {
+                count += self.attention(a, l, rows, prefill);
             }
             let o = Product {
                 weight: &l.o,
@@ -1264,7 +1313,7 @@ impl DeviceDecoder {
                 y: &a.h1,
             };
             if tiled {
-                products(&a.split_h, rows, &[o]).map_err(device_error)?;
+                a.products(&a.split_h, rows, &[o]).map_err(device_error)?;
             } else {
                 products_per_row(&a.split_h, rows, &[o]).map_err(device_error)?;
             }
@@ -1276,7 +1325,8 @@ impl DeviceDecoder {
                     add: Addend::None,
                     y,
                 });
-                products(&a.split_h, rows, &[gate, up]).map_err(device_error)?;
+                a.products(&a.split_h, rows, &[gate, up])
+                    .map_err(device_error)?;
                 let blocks = rows * d.inter / 16;
                 // SAFETY: `g` and `u` hold `rows * inter` f32 (`Acts::new`), `split_i` the
                 // split of `rows` rows of `inter`; each thread writes its own block.
@@ -1314,7 +1364,8 @@ impl DeviceDecoder {
                 y: &a.h0,
             };
             if tiled {
-                products(&a.split_i, rows, &[down]).map_err(device_error)?;
+                a.products(&a.split_i, rows, &[down])
+                    .map_err(device_error)?;
             } else {
                 staged_product(&a.split_i, rows, down).map_err(device_error)?;
             }
@@ -1322,6 +1373,79 @@ impl DeviceDecoder {
             count += 5;
         }
         Ok(count)
+    }
+
+    /// A layer's attention over `rows` positions through [`kernels::attention_kernel`] (one
+    /// cube a head and position): every decode step, and prompt passes the tiled attention
+    /// does not take; returns the launches beyond the one counted with the layer.
+    fn attention(&self, a: &Acts, l: &Layer, rows: usize, prefill: bool) -> usize {
+        let d = self.dims;
+        let b = &self.buf;
+        let c = &self.client;
+        let kv = d.kv_heads * d.head_dim;
+        let cache = d.kv_heads * d.capacity * d.head_dim;
+        let hidden_blocks = rows * d.hidden / 16;
+        let mut count = 0;
+        // A decode step over a long cache splits each head's positions over cubes.
+        let split = !prefill && d.splits > 1;
+        let (splits, span) = if split {
+            (d.splits, ATTENTION_SPAN)
+        } else {
+            (1, d.capacity)
+        };
+        // SAFETY (both launches): the buffers hold `rows` rows of `hidden` and `kv` values,
+        // the cache `kv_heads * capacity * head_dim`, the parts `attention_parts_len`; the
+        // kernels check positions `pos + t` against `capacity`.
+        unsafe {
+            kernels::attention_kernel::launch_unchecked(
+                c,
+                CubeCount::Static(d.heads as u32, rows as u32, splits as u32),
+                CubeDim::new_1d(THREADS as u32),
+                BufferArg::from_raw_parts(a.q.clone(), rows * d.hidden),
+                BufferArg::from_raw_parts(a.k.clone(), rows * kv),
+                BufferArg::from_raw_parts(a.v.clone(), rows * kv),
+                BufferArg::from_raw_parts(b.cos.clone(), d.capacity * d.head_dim / 2),
+                BufferArg::from_raw_parts(b.sin.clone(), d.capacity * d.head_dim / 2),
+                BufferArg::from_raw_parts(b.pos.clone(), 1),
+                BufferArg::from_raw_parts(l.kc.clone(), cache),
+                BufferArg::from_raw_parts(l.vc.clone(), cache),
+                BufferArg::from_raw_parts(l.kc.clone(), cache / 4),
+                BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
+                BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
+                BufferArg::from_raw_parts(b.attention_parts.clone(), attention_parts_len(&d)),
+                d.capacity,
+                span,
+                1.0 / (d.head_dim as f32).sqrt(),
+                d.head_dim,
+                d.heads / d.kv_heads,
+                d.heads,
+                prefill,
+                split,
+            );
+        }
+        if split {
+            self.timed("attention");
+            unsafe {
+                kernels::attention_combine_kernel::launch_unchecked(
+                    c,
+                    CubeCount::Static(d.heads as u32, 1, 1),
+                    CubeDim::new_1d(d.head_dim as u32),
+                    BufferArg::from_raw_parts(b.attention_parts.clone(), attention_parts_len(&d)),
+                    BufferArg::from_raw_parts(b.pos.clone(), 1),
+                    BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
+                    BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
+                    d.capacity,
+                    d.splits,
+                    d.head_dim,
+                    d.heads,
+                );
+            }
+            self.timed("attention combine");
+            count += 1;
+        } else {
+            self.timed("attention");
+        }
+        count
     }
 
     /// The final norm of row `row` of `x`, the LM head and the choice at the device's
