@@ -13,10 +13,9 @@
 //! blocks) and f16 inputs, whose 11-bit significand is finer than the 4–6 bits of the weights'
 //! own quantization.
 //!
-//! The division is what keeps f16 safe: a gated MLP's `silu(gate) * up` reaches past f16's
-//! 65504 where weights are large (a speed-test 7B's random blocks did, and the product was
-//! infinite), while a row scaled to at most 1 keeps 11 significant bits down to `6e-5` of its
-//! largest value.
+//! The division is what keeps f16 safe: a gated MLP's `silu(gate) * up` can pass f16's 65504
+//! where weights are large (a speed-test 7B's random blocks are), while a row scaled to at most
+//! 1 keeps 11 significant bits down to `6e-5` of its largest value.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl;
