@@ -1,8 +1,8 @@
 //! The real checkpoint's prompt through the device step's f16 matrix products (the path a GPU
 //! with matrix units takes for every prompt pass of eight positions or more), read in place on
 //! the first wgpu adapter, against the float64 reference: the first token's logits and the
-//! first greedy tokens, the prompt in one pass and in passes of 8; and the first token of a
-//! 600-token prompt in passes of 256.
+//! first greedy tokens, the prompt in one pass and in passes of 8; and (ignored by default:
+//! minutes on lavapipe) the first token of a 600-token prompt in passes of 256.
 //!
 //! Needs this crate's `gpu-tests` feature, a wgpu adapter and the checkpoint: without the
 //! adapter or the checkpoint it says so and passes, unless `BURN_MAPPED_REQUIRE_GPU=1` or
@@ -89,7 +89,10 @@ fn a_prompt_through_f16_matrix_products_gives_the_reference_logits_and_tokens() 
     }
 }
 
+/// Minutes on lavapipe, whose f16 products run on two CPU cores: run it where the matrix units
+/// are (`-- --ignored`); CI's two cores hold the short prompt above.
 #[test]
+#[ignore = "minutes on lavapipe; run on a GPU with -- --ignored"]
 fn a_long_prompt_in_passes_through_f16_matrix_products_gives_the_reference_first_token() {
     let Some(loaded) = loaded() else { return };
     let reference = real_long_reference();
