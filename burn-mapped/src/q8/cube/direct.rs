@@ -240,7 +240,7 @@ impl<'a> Addend<'a> {
     }
 
     /// The f32 it holds for `rows` rows of `out`.
-    fn len(self, rows: usize, out: usize) -> usize {
+    pub(super) fn len(self, rows: usize, out: usize) -> usize {
         match self {
             Addend::None => 0,
             Addend::Bias(_) => out,

@@ -143,12 +143,7 @@ pub fn matrix_products(
         }
         check("y", p.y, rows * out)?;
         if let Addend::Bias(b) | Addend::Residual(b) = p.add {
-            let len = if matches!(p.add, Addend::Bias(_)) {
-                out
-            } else {
-                rows * out
-            };
-            check("addend", b, len)?;
+            check("addend", b, p.add.len(rows, out))?;
         }
     }
     let blocks = rows * inp / BLOCK;
@@ -251,12 +246,14 @@ fn product(
         &mut dtypes,
     )
     .map_err(|e| DirectError::Parts(format!("matrix product: {e:?}")))?;
-    // 0: none, 1: one per column (a bias), 2: one per element (a residual).
-    let (add, kind, add_len) = match p.add {
-        Addend::None => (&scratch.r, 0, 1),
-        Addend::Bias(b) => (b, 1, out),
-        Addend::Residual(r) => (r, 2, rows * out),
+    // 0: none (one word of `scratch.r` bound, never read), 1: one per column (a bias), 2: one
+    // per element (a residual).
+    let (add, kind) = match p.add {
+        Addend::None => (&scratch.r, 0),
+        Addend::Bias(b) => (b, 1),
+        Addend::Residual(r) => (r, 2),
     };
+    let add_len = p.add.len(rows, out).max(1);
     let len = rows * out;
     // SAFETY: `scratch.y` and `p.y` hold `rows * out` f32, `scratch.r` `rows` and the addend
     // `add_len` (checked by the caller); `p.y` is none of the others.

@@ -312,6 +312,27 @@ fn paired_gate_up_and_staged_down_match_the_f64_reference() {
 }
 
 /// `x` rotated by position `pos`'s angles, per head of `d` (the host step's RoPE, in f64).
+/// Single-query attention in f64: `q` (one head's `d` values) over positions `0..len`, whose
+/// key and value `i` are `key(p, i)` and `value(p, i)`, scores scaled by `scale`.
+fn attend(
+    q: &[f64],
+    len: usize,
+    scale: f32,
+    key: impl Fn(usize, usize) -> f64,
+    value: impl Fn(usize, usize) -> f64,
+) -> Vec<f64> {
+    let d = q.len();
+    let scores: Vec<f64> = (0..len)
+        .map(|p| (0..d).map(|i| q[i] * key(p, i)).sum::<f64>() * f64::from(scale))
+        .collect();
+    let top = scores.iter().copied().fold(f64::MIN, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    (0..d)
+        .map(|i| (0..len).map(|p| weights[p] * value(p, i)).sum::<f64>() / total)
+        .collect()
+}
+
 fn rotate(x: &[f32], d: usize, cos: &[f32], sin: &[f32]) -> Vec<f64> {
     let half = d / 2;
     let mut out = vec![0f64; x.len()];
@@ -457,14 +478,11 @@ fn decode_attention_case(
     let mut want = vec![0f64; heads * d];
     for h in 0..heads {
         let g = h / group;
-        let key = |p: usize| -> Vec<f64> {
+        let key = |p: usize, i: usize| {
             if p == pos {
-                k_now[g * d..][..d].to_vec()
+                k_now[g * d + i]
             } else {
-                kc0[(g * capacity + p) * d..][..d]
-                    .iter()
-                    .map(|&x| f64::from(x))
-                    .collect()
+                f64::from(kc0[(g * capacity + p) * d + i])
             }
         };
         let value = |p: usize, i: usize| {
@@ -474,18 +492,9 @@ fn decode_attention_case(
                 f64::from(vc0[(g * capacity + p) * d + i])
             }
         };
-        let scores: Vec<f64> = (0..=pos)
-            .map(|p| {
-                let kp = key(p);
-                (0..d).map(|i| q_now[h * d + i] * kp[i]).sum::<f64>() * f64::from(scale)
-            })
-            .collect();
-        let top = scores.iter().copied().fold(f64::MIN, f64::max);
-        let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
-        let total: f64 = weights.iter().sum();
-        for i in 0..d {
-            want[h * d + i] = (0..=pos).map(|p| weights[p] * value(p, i)).sum::<f64>() / total;
-        }
+        let head = &q_now[h * d..][..d];
+        let out = attend(head, pos + 1, scale, key, value);
+        want[h * d..][..d].copy_from_slice(&out);
     }
     let what = format!("attention, {splits} cubes a head, position {pos} of {capacity}");
     assert_split_close(&unsplit(&words(c, &out), heads * d), &want, &what);
@@ -784,21 +793,14 @@ fn prefill_writes_every_row_and_attends_causally() {
         let q_now = rotate(&q[t * heads * d..][..heads * d], d, cp, sp);
         for h in 0..heads {
             let g = h / group;
-            let scores: Vec<f64> = (0..=p)
-                .map(|j| {
-                    let key = &keys[j][g * d..][..d];
-                    (0..d).map(|i| q_now[h * d + i] * key[i]).sum::<f64>() * f64::from(scale)
-                })
-                .collect();
-            let top = scores.iter().copied().fold(f64::MIN, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
-            let total: f64 = weights.iter().sum();
-            for i in 0..d {
-                want[(t * heads + h) * d + i] = (0..=p)
-                    .map(|j| weights[j] * vals[j][g * d + i])
-                    .sum::<f64>()
-                    / total;
-            }
+            let out = attend(
+                &q_now[h * d..][..d],
+                p + 1,
+                scale,
+                |j, i| keys[j][g * d + i],
+                |j, i| vals[j][g * d + i],
+            );
+            want[(t * heads + h) * d..][..d].copy_from_slice(&out);
         }
     }
     assert_split_close(
@@ -873,23 +875,14 @@ fn prompt_attention_in_tiles_matches_the_f64_reference_at_the_models_shapes() {
             for h in 0..heads {
                 let g = h / group;
                 let at = |j: usize, i: usize| (g * capacity + j) * d + i;
-                let scores: Vec<f64> = (0..=p)
-                    .map(|j| {
-                        (0..d)
-                            .map(|i| q_now[h * d + i] * f64::from(kc0[at(j, i)]))
-                            .sum::<f64>()
-                            * f64::from(scale)
-                    })
-                    .collect();
-                let top = scores.iter().copied().fold(f64::MIN, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for i in 0..d {
-                    want[(t * heads + h) * d + i] = (0..=p)
-                        .map(|j| weights[j] * f64::from(vc0[at(j, i)]))
-                        .sum::<f64>()
-                        / total;
-                }
+                let out = attend(
+                    &q_now[h * d..][..d],
+                    p + 1,
+                    scale,
+                    |j, i| f64::from(kc0[at(j, i)]),
+                    |j, i| f64::from(vc0[at(j, i)]),
+                );
+                want[(t * heads + h) * d..][..d].copy_from_slice(&out);
             }
         }
         // Beside the split's half step, f32 softmax arithmetic (its `exp` the device's) at
