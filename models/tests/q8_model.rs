@@ -283,6 +283,20 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
             two.logits().unwrap(),
             "first step timed by launch, recorded: {record}"
         );
+        // Timing the prompt runs its passes again: it leaves the logits at the prompt's end,
+        // those of a one-token generation.
+        let timed = decoder.prompt_device_time().unwrap();
+        assert!(timed.is_none_or(|t| !t.is_zero()));
+        let mut one = DeviceDecoder::new(&device, prompt.len() + NEW)
+            .unwrap()
+            .with_prefill_rows(rows);
+        one.generate(&prompt, 1, &mut Sampler::greedy(), &[], |_| {})
+            .unwrap();
+        assert_eq!(
+            decoder.logits().unwrap(),
+            one.logits().unwrap(),
+            "prompt timed, recorded: {record}"
+        );
     }
     // A cache longer than one attention pass: each head's positions spread over cubes and then
     // combined (a sixth launch a layer), the prompt reaching past the first cube's range.

@@ -59,8 +59,8 @@ pub struct GenerateArgs {
     /// and report its time per token (`device_us_per_token`). It counts the device's waits for
     /// the host between submissions, which are few: a submission takes up to 512 launches
     /// (`CUBECL_WGPU_MAX_TASKS` overrides). Also reports each kind of launch's device time in
-    /// one step (`device_us_by_launch`) and in the prompt's prefill
-    /// (`prompt_device_us_by_launch`).
+    /// one step (`device_us_by_launch`), the prompt's prefill as a whole (`prompt_device_us`)
+    /// and by launch (`prompt_device_us_by_launch`).
     #[arg(long)]
     pub device_time: bool,
     /// Sampling temperature; 0 means greedy (negative or NaN is refused).
@@ -165,7 +165,10 @@ struct Summary {
     /// Where that time goes: each kind of launch's device time in one step, in microseconds,
     /// each launch timed alone (so the kinds add up to more than the step).
     device_us_by_launch: Option<Vec<(&'static str, f64)>>,
-    /// The same for the prompt's prefill, all its passes, in microseconds.
+    /// The device's time for the prompt's prefill, all its passes in one timing window, in
+    /// microseconds.
+    prompt_device_us: Option<f64>,
+    /// The same by kind of launch, each launch timed alone.
     prompt_device_us_by_launch: Option<Vec<(&'static str, f64)>>,
     /// The device step's device memory in bytes: weights, key/value cache, scratch.
     device_memory: Option<DeviceMemory>,
@@ -191,6 +194,7 @@ struct DecodePath {
     host_us_per_token: Option<f64>,
     device_us_per_token: Option<f64>,
     device_us_by_launch: Option<Vec<(&'static str, f64)>>,
+    prompt_device_us: Option<f64>,
     prompt_device_us_by_launch: Option<Vec<(&'static str, f64)>>,
     device_memory: Option<DeviceMemory>,
 }
@@ -202,6 +206,7 @@ const TENSOR_OPS: DecodePath = DecodePath {
     host_us_per_token: None,
     device_us_per_token: None,
     device_us_by_launch: None,
+    prompt_device_us: None,
     prompt_device_us_by_launch: None,
     device_memory: None,
 };
@@ -473,6 +478,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         host_us_per_token: path.host_us_per_token,
         device_us_per_token: path.device_us_per_token,
         device_us_by_launch: path.device_us_by_launch,
+        prompt_device_us: path.prompt_device_us,
         prompt_device_us_by_launch: path.prompt_device_us_by_launch,
         device_memory: path.device_memory,
     };
@@ -564,20 +570,26 @@ impl DeviceRun<'_> {
         let kinds_us = |kinds: Vec<(&'static str, std::time::Duration)>| {
             kinds.into_iter().map(|(kind, t)| (kind, us(t))).collect()
         };
-        let (device_us_per_token, device_us_by_launch, prompt_device_us_by_launch) =
-            if self.time_device {
-                let per_token = timing("per token", decoder.device_time_per_step(usize::MAX));
-                let by_launch = timing("by launch", decoder.device_time_by_launch());
-                // Last: it leaves the position past the prompt.
-                let prompt = timing("prompt by launch", decoder.prompt_time_by_launch());
-                (
-                    per_token.map(us),
-                    by_launch.map(kinds_us),
-                    prompt.map(kinds_us),
-                )
-            } else {
-                (None, None, None)
-            };
+        let (
+            device_us_per_token,
+            device_us_by_launch,
+            prompt_device_us,
+            prompt_device_us_by_launch,
+        ) = if self.time_device {
+            let per_token = timing("per token", decoder.device_time_per_step(usize::MAX));
+            let by_launch = timing("by launch", decoder.device_time_by_launch());
+            // Last: these leave the position past the prompt.
+            let prompt = timing("prompt", decoder.prompt_device_time());
+            let prompt_kinds = timing("prompt by launch", decoder.prompt_time_by_launch());
+            (
+                per_token.map(us),
+                by_launch.map(kinds_us),
+                prompt.map(us),
+                prompt_kinds.map(kinds_us),
+            )
+        } else {
+            (None, None, None, None)
+        };
         let path = DecodePath {
             setup_ms: Some(setup_ms),
             name: if decoder.is_recorded() {
@@ -589,6 +601,7 @@ impl DeviceRun<'_> {
             host_us_per_token: decoder.host_time_per_token().map(|t| t.as_secs_f64() * 1e6),
             device_us_per_token,
             device_us_by_launch,
+            prompt_device_us,
             prompt_device_us_by_launch,
             device_memory: Some({
                 let b = decoder.device_bytes();

@@ -847,6 +847,29 @@ impl DeviceDecoder {
         self.time_launches(|s| s.launch().map(drop))
     }
 
+    /// The device's time for the latest prompt: its prefill runs again in one timing window
+    /// (the same keys, values and first choice written where they are), the figure to set
+    /// beside another runtime's prompt throughput; the per-launch view over-counts. `None`
+    /// where the device has no timer or no generation ran. Leaves the position past the prompt.
+    ///
+    /// # Errors
+    ///
+    /// [`DeviceStepError::Device`] when a launch, the timer or a read fails.
+    pub fn prompt_device_time(&mut self) -> Result<Option<std::time::Duration>, DeviceStepError> {
+        let Some((n, _)) = self.last_run else {
+            return Ok(None);
+        };
+        let window = self.client.profile_start().map_err(device_error)?;
+        if let Err(e) = self.prefill(n) {
+            self.client.profile_abandon(window);
+            return Err(e);
+        }
+        let timed = self.client.profile_end(window).map_err(device_error)?;
+        let on_device = timed.timing_method() == TimingMethod::Device;
+        let ticks = cubecl::future::block_on(timed.resolve());
+        Ok(ticks.filter(|_| on_device).map(|t| t.duration()))
+    }
+
     /// Where the latest prompt's device time goes, as [`Self::device_time_by_launch`] gives a
     /// step's: its prefill runs again (the same keys, values and first choice written where
     /// they are), each launch timed alone. `None` where the device has no timer or no
