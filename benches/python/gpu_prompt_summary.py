@@ -1,8 +1,10 @@
 """Summary of benches/scripts/gpu_prompt.sh's results (the files in $W/res): per size and build,
 spawn-to-first-token and the prompt's own part (first token minus model-ready) on the three
-prompts as median (min-max) of the rounds, the ~1920-token prompt's device time by kind of
-launch, the first token from an empty kernel cache, tg128; llama.cpp's prompt times, process
-walls and tg128 beside them, and the ratios. Prints a table and writes $W/res/summary.json."""
+prompts as median (min-max) of the rounds with compiled kernels kept, the same from an empty
+kernel cache, the ~1920-token prompt's device time (whole, and by kind of launch), tg128 and
+tg1024; llama.cpp's prompt times, process walls, tg128 and tg1024 beside them, and the ratios:
+waits as our time over llama.cpp's (below 1 is ahead), rates as ours over llama.cpp's (above 1
+is ahead). Prints a table and writes $W/res/summary.json."""
 import glob
 import json
 import os
@@ -10,6 +12,7 @@ import statistics
 
 w, builds = os.environ["W"], os.environ.get("BINS", "new").split()
 res = f"{w}/res"
+PROMPTS = [("chat", 42), ("480", 481), ("1920", 1921)]
 
 
 def load(name):
@@ -25,13 +28,26 @@ def spread(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
 
 
-out = {"gpu": open(f"{res}/gpu.txt").read().strip(), "weights": "random blocks (speed-test GGUF)",
+def text(name):
+    try:
+        return open(f"{res}/{name}").read().strip()
+    except OSError:
+        return None
+
+
+llama_build = None
+out = {"gpu_and_driver": text("gpu.txt"), "weights": "random blocks (speed-test GGUF)",
+       "commits": dict(c.split("=", 1) for c in (text("commits.txt") or "").split() if "=" in c),
+       "llama_cpp": "llama-cpp-python 0.3.36 vendored llama.cpp, CUDA, sm_90, flash attention on",
        "sizes": {}}
 for size in ["7b", "0.5b"]:
-    llama_pp = {r["n_prompt"]: r for r in (load(f"llama-pp-{size}") or [])}
-    llama_tg = load(f"llama-tg-{size}") or []
+    pp_runs = load(f"llama-pp-{size}") or []
+    tg_runs = load(f"llama-tg-{size}") or []
+    llama_build = llama_build or next((r.get("build_commit") for r in pp_runs + tg_runs), None)
+    llama_pp = {r["n_prompt"]: r for r in pp_runs}
+    llama_tg = {r["n_gen"]: r["avg_ts"] for r in tg_runs}
     walls = {}
-    for p in [42, 481, 1921]:
+    for _, p in PROMPTS:
         xs = []
         for f in glob.glob(f"{res}/llama-wall-{size}-{p}-r*.txt"):
             try:
@@ -39,58 +55,77 @@ for size in ["7b", "0.5b"]:
             except ValueError:
                 pass
         walls[p] = spread(xs)
-    entry = {"llama": {
-        "pp_ms": {p: r["avg_ns"] / 1e6 for p, r in llama_pp.items()},
-        "pp_tok_s": {p: r["avg_ts"] for p, r in llama_pp.items()},
-        "process_wall_ms": walls,
-        "tg128_tok_s": llama_tg[0]["avg_ts"] if llama_tg else None,
-    }, "builds": {}}
+    ll = {"pp_ms": {p: r["avg_ns"] / 1e6 for p, r in llama_pp.items()},
+          "pp_tok_s": {p: r["avg_ts"] for p, r in llama_pp.items()},
+          "process_wall_ms": walls,
+          "tg128_tok_s": llama_tg.get(128), "tg1024_tok_s": llama_tg.get(1024)}
+    entry = {"llama": ll, "builds": {}}
     for b in builds:
         e = {}
-        for prompt in ["chat", "480", "1920"]:
-            runs = [load(f"{b}-{size}-{prompt}-r{r}") for r in range(2)]
-            runs = [r for r in runs if r]
+        for prompt, p in PROMPTS:
+            runs = [r for r in (load(f"{b}-{size}-{prompt}-r{r}") for r in range(2)) if r]
+            cold = load(f"cold-{b}-{size}-{prompt}")
+            wall = walls.get(p)
+            ft = spread([r["time_to_first_token_ms"] for r in runs])
             e[prompt] = {
                 "prompt_tokens": len(runs[0]["prompt_ids"]) if runs else None,
-                "first_token_ms": spread([r["time_to_first_token_ms"] for r in runs]),
+                "first_token_ms": ft,
                 "prompt_part_ms": spread([r["time_to_first_token_ms"] - r["model_ready_ms"] for r in runs]),
                 "model_ready_ms": spread([r["model_ready_ms"] for r in runs]),
+                "cold_cache_first_token_ms": cold["time_to_first_token_ms"] if cold else None,
+                "ratio_to_llama_wall": ft["median"] / wall["median"] if ft and wall else None,
+                "cold_ratio_to_llama_wall": (cold["time_to_first_token_ms"] / wall["median"]
+                                             if cold and wall else None),
             }
         prof = load(f"prof-{b}-{size}-1920")
-        kinds = prof.get("prompt_device_us_by_launch") if prof else None
-        if kinds:
-            e["prompt_1920_device_ms"] = {k: v / 1e3 for k, v in kinds}
-            e["prompt_1920_device_ms_total"] = sum(v for _, v in kinds) / 1e3
-        cold = load(f"cold-{b}-{size}")
-        e["cold_cache_chat_first_token_ms"] = cold["time_to_first_token_ms"] if cold else None
-        e["cold_cache_kernels"] = cold.get("kernel_cache") if cold else None
-        tg = load(f"tg-{b}-{size}")
-        e["tg128_tok_s"] = tg["decode_tokens_per_s"] if tg else None
-        e["decode_path"] = tg.get("decode_path") if tg else None
+        if prof and prof.get("prompt_device_us"):
+            dev = prof["prompt_device_us"] / 1e3
+            pp = ll["pp_ms"].get(1921)
+            e["prompt_1920_device_ms"] = dev
+            e["prompt_1920_tokens"] = len(prof["prompt_ids"])
+            e["prompt_throughput_ratio"] = pp / dev if pp else None
+        if prof and prof.get("prompt_device_us_by_launch"):
+            e["prompt_1920_device_ms_by_launch"] = {k: v / 1e3 for k, v in prof["prompt_device_us_by_launch"]}
+        for n in (128, 1024):
+            tg = load(f"tg{n}-{b}-{size}")
+            rate = tg["decode_tokens_per_s"] if tg else None
+            e[f"tg{n}_tok_s"] = rate
+            e[f"tg{n}_ratio"] = rate / ll[f"tg{n}_tok_s"] if rate and ll[f"tg{n}_tok_s"] else None
+            if tg:
+                e["decode_path"] = tg.get("decode_path")
         entry["builds"][b] = e
     out["sizes"][size] = entry
+out["llama_cpp_build_commit"] = llama_build
 
 with open(f"{res}/summary.json", "w") as f:
     json.dump(out, f, indent=1)
+
+
+def fmt(x, spec=".0f"):
+    return "-" if x is None else format(x, spec)
+
+
+print(f"{out['gpu_and_driver']}; commits {out['commits']}; llama.cpp build {llama_build}")
 for size, entry in out["sizes"].items():
     ll = entry["llama"]
     print(f"== {size}  llama.cpp: pp42/481/1921 "
-          + " / ".join(f"{ll['pp_ms'].get(p, float('nan')):.1f}" for p in (42, 481, 1921))
+          + " / ".join(fmt(ll["pp_ms"].get(p), ".1f") for _, p in PROMPTS)
           + " ms; process wall " + " / ".join(
-              f"{ll['process_wall_ms'][p]['median']:.0f}" if ll["process_wall_ms"][p] else "-"
-              for p in (42, 481, 1921)) + f" ms; tg128 {ll['tg128_tok_s']}")
+              fmt((ll["process_wall_ms"][p] or {}).get("median")) for _, p in PROMPTS)
+          + f" ms; tg128 {fmt(ll['tg128_tok_s'], '.1f')}, tg1024 {fmt(ll['tg1024_tok_s'], '.1f')} tok/s")
     for b, e in entry["builds"].items():
         cells = []
-        for prompt, p in [("chat", 42), ("480", 481), ("1920", 1921)]:
-            ft, part = e[prompt]["first_token_ms"], e[prompt]["prompt_part_ms"]
-            wall = ll["process_wall_ms"].get(p)
-            ratio = f" {ft['median'] / wall['median']:.2f}x" if ft and wall else ""
-            cells.append(f"{prompt}: {ft['median']:.0f}{ratio} (prompt {part['median']:.0f})" if ft else f"{prompt}: -")
-        print(f"  {b}: " + "; ".join(cells))
-        if "prompt_1920_device_ms_total" in e:
-            dev = e["prompt_1920_device_ms_total"]
-            pp = ll["pp_ms"].get(1921)
-            print(f"     1920-token prompt on the device: {dev:.1f} ms"
-                  + (f", {pp / dev:.2f}x llama.cpp's pp1921 ({pp:.1f} ms)" if pp else "")
-                  + ": " + ", ".join(f"{k} {v:.1f}" for k, v in e["prompt_1920_device_ms"].items()))
-        print(f"     cold kernel cache, chat: {e['cold_cache_chat_first_token_ms']} ms; tg128 {e['tg128_tok_s']}")
+        for prompt, _ in PROMPTS:
+            c = e[prompt]
+            ft = c["first_token_ms"]
+            cells.append(f"{prompt}: {fmt(ft and ft['median'])} ({fmt(c['ratio_to_llama_wall'], '.2f')}x), "
+                         f"cold {fmt(c['cold_cache_first_token_ms'])} ({fmt(c['cold_ratio_to_llama_wall'], '.2f')}x)")
+        print(f"  {b} first token ms: " + "; ".join(cells))
+        if "prompt_1920_device_ms" in e:
+            print(f"     ~1920-token prompt on the device: {e['prompt_1920_device_ms']:.1f} ms, "
+                  f"throughput {fmt(e['prompt_throughput_ratio'], '.2f')}x llama.cpp's pp1921")
+        if "prompt_1920_device_ms_by_launch" in e:
+            print("     by launch (each timed alone): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in e["prompt_1920_device_ms_by_launch"].items()))
+        print(f"     tg128 {fmt(e['tg128_tok_s'], '.1f')} ({fmt(e['tg128_ratio'], '.2f')}x), "
+              f"tg1024 {fmt(e['tg1024_tok_s'], '.1f')} ({fmt(e['tg1024_ratio'], '.2f')}x); {e.get('decode_path')}")

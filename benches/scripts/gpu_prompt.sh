@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# A prompt's wait on one GPU in one call: `burn-mapped generate` (each build in devrun/bins.tar.xz,
-# named bm-<build>) against llama.cpp CUDA (flash attention on) on the speed-test GGUFs of
-# Qwen2.5-Coder-0.5B and the 7B shape, random blocks. Per size and build: a new process per first
-# token on the chat prompt and on the plain sentence repeated 40 and 160 times (~480 and ~1920
-# tokens), two rounds alternating builds, compiled kernels kept (a warm-up run first); the
-# ~1920-token prompt once more with --device-time (`prompt_device_us_by_launch`); each build's
-# chat prompt from an empty kernel cache; tg128. llama.cpp: `llama-bench -p 42,481,1921,512 -n 0
-# -r 3` and `-p 0 -n 128 -r 2`, and a new `llama-bench -p P -n 0 -r 1 --no-warmup` process per
-# prompt, timed from spawn to exit, twice. devrun/ holds what benches/scripts/gpu_binaries.sh describes.
+# What a user waits for on one GPU, in one call: `burn-mapped generate` (each build in
+# devrun/bins.tar.xz, named bm-<build>) against llama.cpp CUDA (flash attention on) on the
+# speed-test GGUFs of Qwen2.5-Coder-0.5B and the 7B shape, random blocks. Per size and build: a
+# new process per first token on the chat prompt and on the plain sentence repeated 40 and 160
+# times (~480 and ~1920 tokens), two rounds alternating builds, compiled kernels kept (a warm-up
+# run first); the same three prompts from an empty kernel cache; the ~1920-token prompt once
+# more with --device-time (`prompt_device_us` whole, `prompt_device_us_by_launch`); tg128 and
+# tg1024. llama.cpp: `llama-bench -p 42,481,1921,512 -n 0 -r 3` and `-p 0 -n 128,1024 -r 2`, and
+# a new `llama-bench -p P -n 0 -r 1 --no-warmup` process per prompt, timed from spawn to exit,
+# twice. COMMITS ("new=<sha> base=<sha>") is recorded as given. devrun/ holds what
+# benches/scripts/gpu_binaries.sh describes.
 #
-#   OUT=out BINS="new base" bash benches/scripts/gpu_prompt.sh
+#   OUT=out BINS="new base" COMMITS="new=<sha> base=<sha>" bash benches/scripts/gpu_prompt.sh
 set -u
 export PYTHONUNBUFFERED=1
 BINS="${BINS:-new}"
@@ -18,6 +20,7 @@ for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulka
   if [ -f "$icd" ]; then export VK_DRIVER_FILES="$icd"; break; fi
 done
 w=/tmp/bm3; mkdir -p $w/llama $w/res
+echo "${COMMITS:-}" > $w/res/commits.txt
 finish() { tar cJf $OUT/results.tar.xz -C $w res; }
 trap finish EXIT
 tar xJf devrun/llama.tar.xz -C $w/llama
@@ -47,7 +50,8 @@ except Exception: print(t.split("/")[-1], "FAILED", open(t + ".err").read()[-400
 print(t.split("/")[-1], "ready", round(s["model_ready_ms"]), "ttft", round(s["time_to_first_token_ms"]),
       "prompt", len(s.get("prompt_ids", [])), s.get("decode_path"))
 k = s.get("prompt_device_us_by_launch")
-if k: print("   prompt device ms:", ", ".join(f"{n} {v/1e3:.1f}" for n, v in k), "sum", round(sum(v for _, v in k) / 1e3, 1))
+if k: print("   prompt device ms:", round(s["prompt_device_us"] / 1e3, 1) if s.get("prompt_device_us") else "-", "by launch:",
+           ", ".join(f"{n} {v/1e3:.1f}" for n, v in k), "sum", round(sum(v for _, v in k) / 1e3, 1))
 PY
 }
 for size in 7b 0.5b; do
@@ -58,16 +62,21 @@ for size in 7b 0.5b; do
     one $b $size $b-$size-1920-r$r --prompt "$p160"
   done; done
   for b in $BINS; do one $b $size prof-$b-$size-1920 --prompt "$p160" --device-time; done
-  for b in $BINS; do one $b $size cold-$b-$size --cold --chat --prompt "$S"; done
   for b in $BINS; do
-    timeout 60 $w/bm-$b generate --model $w/speed-$size.gguf --device vulkan --placement resident --max-tokens 129 \
-      --ignore-eos --json --cache-dir $w/cache-$size --prompt "$S" 2>/dev/null | tail -1 > $w/res/tg-$b-$size.json
+    one $b $size cold-$b-$size-chat --cold --chat --prompt "$S"
+    one $b $size cold-$b-$size-480 --cold --prompt "$p40"
+    one $b $size cold-$b-$size-1920 --cold --prompt "$p160"
   done
+  for b in $BINS; do for n in 128 1024; do
+    timeout 90 $w/bm-$b generate --model $w/speed-$size.gguf --device vulkan --placement resident \
+      --max-tokens $((n + 1)) --ignore-eos --json --cache-dir $w/cache-$size --chat --prompt "$S" \
+      2>/dev/null | tail -1 > $w/res/tg$n-$b-$size.json
+  done; done
 done
 wait $build; echo "llama build $?"
 for size in 7b 0.5b; do
   timeout 120 $w/llama/build/bin/llama-bench -m $w/speed-$size.gguf -ngl 99 -fa 1 -p 42,481,1921,512 -n 0 -r 3 -o json > $w/res/llama-pp-$size.json 2>/dev/null
-  timeout 60 $w/llama/build/bin/llama-bench -m $w/speed-$size.gguf -ngl 99 -fa 1 -p 0 -n 128 -r 2 -o json > $w/res/llama-tg-$size.json 2>/dev/null
+  timeout 60 $w/llama/build/bin/llama-bench -m $w/speed-$size.gguf -ngl 99 -fa 1 -p 0 -n 128,1024 -r 2 -o json > $w/res/llama-tg-$size.json 2>/dev/null
   # A new llama.cpp process per prompt, as each burn-mapped first token is: its wall time.
   for r in 0 1; do for p in 42 481 1921; do
     python3 -c "import subprocess, sys, time; t = time.perf_counter(); subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60); print(round((time.perf_counter() - t) * 1e3, 1))" \
