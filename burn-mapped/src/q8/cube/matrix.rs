@@ -121,7 +121,8 @@ pub fn matrix_products(
     let inp = first.weight.in_features();
     let client = first.weight.client();
     check("split", split, split_words(rows, inp))?;
-    if rows > scratch.rows || inp > scratch.max_in || !inp.is_multiple_of(BLOCK) {
+    // A grid dimension a row: at most 65535.
+    if rows > scratch.rows.min(65535) || inp > scratch.max_in || !inp.is_multiple_of(BLOCK) {
         return Err(DirectError::Parts(format!(
             "{rows} rows of {inp} values do not fit the matrix scratch ({} of {})",
             scratch.rows, scratch.max_in
@@ -256,17 +257,18 @@ fn product(
     let add_len = p.add.len(rows, out).max(1);
     let len = rows * out;
     // SAFETY: `scratch.y` and `p.y` hold `rows * out` f32, `scratch.r` `rows` and the addend
-    // `add_len` (checked by the caller); `p.y` is none of the others.
+    // `add_len` (checked by the caller); `p.y` is none of the others. A grid row a matrix row:
+    // one dimension of the whole would pass the grid's 65535 at 7B's MLP width from 886 rows.
     unsafe {
         finish_kernel::launch_unchecked(
             client,
-            CubeCount::Static(len.div_ceil(THREADS) as u32, 1, 1),
+            CubeCount::Static(out.div_ceil(THREADS) as u32, rows as u32, 1),
             CubeDim::new_1d(THREADS as u32),
             BufferArg::from_raw_parts(scratch.y.clone(), len),
             BufferArg::from_raw_parts(scratch.r.clone(), rows),
             BufferArg::from_raw_parts(add.clone(), add_len),
             BufferArg::from_raw_parts(p.y.clone(), len),
-            len,
+            rows,
             out,
             kind,
         );
@@ -351,23 +353,26 @@ fn q8_f16_kernel(values: &[u32], scales: &[u32], w: &mut [f16], words: usize) {
     }
 }
 
-/// `y = p * r[row] + add` over rows of `out`: the product of rows divided by `r` multiplied
-/// back, and the addend (`kind` 0: none, 1: one per column, 2: one per element).
+/// `y = p * r[row] + add` over `rows` rows of `out`: the product of rows divided by `r`
+/// multiplied back, and the addend (`kind` 0: none, 1: one per column, 2: one per element).
+/// The grid's rows are the matrix's.
 #[cube(launch_unchecked)]
 fn finish_kernel(
     p: &[f32],
     r: &[f32],
     add: &[f32],
     y: &mut [f32],
-    len: usize,
+    rows: usize,
     out: usize,
     #[comptime] kind: u32,
 ) {
-    let i = ABSOLUTE_POS;
-    if i < len {
-        let mut v = p[i] * r[i / out];
+    let col = ABSOLUTE_POS_X as usize;
+    let row = CUBE_POS_Y as usize;
+    if col < out && row < rows {
+        let i = row * out + col;
+        let mut v = p[i] * r[row];
         if comptime!(kind == 1) {
-            v += add[i % out];
+            v += add[col];
         } else if comptime!(kind == 2) {
             v += add[i];
         }

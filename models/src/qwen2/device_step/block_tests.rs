@@ -384,26 +384,67 @@ fn matrix_products_of_a_prompts_rows_match_the_f64_reference() {
             .map(|(value, _)| value)
             .collect();
         for ((weight, decoded), y) in weights.iter().zip(&ys) {
-            // Each input (over its row's largest) and weight rounded to f16: half an ulp,
-            // 2^-11 of the value, or half the subnormal step; the sums in f32.
-            let mut want = bounds(&act, decoded, n, false);
-            for (i, value) in want.iter_mut().enumerate() {
-                let (r, o) = (i / out, i % out);
-                let (row, w) = (&act[r * n..][..n], &decoded[o * n..][..n]);
-                let top = row.iter().fold(0f64, |m, x| m.max(x.abs()));
-                let mag: f64 = row.iter().zip(w).map(|(x, w)| (x * w).abs()).sum();
-                let tiny: f64 = row
-                    .iter()
-                    .zip(w)
-                    .map(|(x, w)| top * w.abs() + x.abs())
-                    .sum();
-                value.1 += (2.0 * 2f64.powi(-11) + 3e-5) * mag + 2f64.powi(-25) * tiny;
-                value.0 += f64::from(addend[if add == "bias" { o } else { i }]);
-            }
+            let want = matrix_bounds(&act, decoded, n, out, &addend, add == "bias");
             let what = format!("{} x {n}, {rows} rows, matrix units", weight.format());
             assert_within(&floats(&c, y), &want, &what);
         }
     }
+}
+
+/// The f64 product with its bound for [`matrix_products`]: each input (over its row's largest)
+/// and weight rounded to f16, half an ulp (2^-11 of the value) or half the subnormal step, the
+/// sums in f32; the addend one per column (`bias`) or per element.
+fn matrix_bounds(
+    act: &[f64],
+    decoded: &[f64],
+    n: usize,
+    out: usize,
+    addend: &[f32],
+    bias: bool,
+) -> Vec<(f64, f64)> {
+    let mut want = bounds(act, decoded, n, false);
+    for (i, value) in want.iter_mut().enumerate() {
+        let (r, o) = (i / out, i % out);
+        let (row, w) = (&act[r * n..][..n], &decoded[o * n..][..n]);
+        let top = row.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let mag: f64 = row.iter().zip(w).map(|(x, w)| (x * w).abs()).sum();
+        let tiny: f64 = row
+            .iter()
+            .zip(w)
+            .map(|(x, w)| top * w.abs() + x.abs())
+            .sum();
+        value.1 += (2.0 * 2f64.powi(-11) + 3e-5) * mag + 2f64.powi(-25) * tiny;
+        value.0 += f64::from(addend[if bias { o } else { i }]);
+    }
+    want
+}
+
+#[test]
+fn a_matrix_product_past_one_grid_dimension_matches_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // More outputs than 65535 cubes of 256 hold (a 7B MLP product of 886 rows or more): the
+    // finishing kernel's grid takes a row a grid row. Narrow rows keep the reference quick.
+    let (rows, n, out) = (260usize, 32usize, 65532usize);
+    assert!(rows * out > 65535 * 256);
+    let x = values(rows * n, 1801);
+    let (weight, decoded) = block_weight(GgmlType::Q8_0, out, n, 1802);
+    let addend = values(rows * out, 1803);
+    let scratch = MatrixScratch::new(&c, rows, n, out, out * n);
+    let split = upload_u32(&c, &host_split(&x));
+    let ah = upload(&c, &addend);
+    let y = upload(&c, &vec![f32::NAN; rows * out]);
+    let part = Product {
+        weight: &weight,
+        add: Addend::Residual(&ah),
+        y: &y,
+    };
+    matrix_products(&split, rows, &[part], &scratch).expect("launch");
+    let act: Vec<f64> = unsplit(&host_split(&x), rows * n)
+        .into_iter()
+        .map(|(value, _)| value)
+        .collect();
+    let want = matrix_bounds(&act, &decoded, n, out, &addend, false);
+    assert_within(&floats(&c, &y), &want, "Q8_0 x 32, 260 rows of 65532");
 }
 
 #[test]
