@@ -112,9 +112,15 @@ fn refused(reason: impl Into<String>) -> DeviceStepRefused {
     DeviceStepRefused(reason.into())
 }
 
-/// Prompt positions per prefill pass unless [`DeviceDecoder::with_prefill_rows`] says
-/// otherwise: ~32 MiB of activations on Qwen2.5-0.5B.
+/// Prompt positions per prefill pass over the dp4a tiles unless
+/// [`DeviceDecoder::with_prefill_rows`] says otherwise: ~32 MiB of activations on Qwen2.5-0.5B.
 const PREFILL_ROWS: usize = 512;
+
+/// The same on the matrix units, where each pass converts every weight to f16 once: a ~1920-token
+/// prompt in one pass took 514 ms on an H100 at 7B against 829 ms in passes of 512, 71 against
+/// 106 at 0.5B (docs/PERFORMANCE.md, "Prompts on the matrix units"); ~0.8 GiB of activations
+/// and scratch at 7B.
+const MATRIX_PREFILL_ROWS: usize = 2048;
 
 /// Prompt positions from which a prefill pass runs its products over all its rows (as matrix
 /// products where the device has matrix units, else over GGUF blocks the eight-row tile of
@@ -342,8 +348,8 @@ pub struct DeviceDecoder {
     choice: Choice,
     /// Launches per step (for reports).
     launches: usize,
-    /// The most prompt positions one prefill pass takes.
-    prefill_rows: usize,
+    /// The most prompt positions one prefill pass takes, where the caller set it.
+    prefill_rows: Option<usize>,
     /// Whether a prefill pass's products run as f16 matrix products ([`matrix_products`]).
     matrix: bool,
     /// Whether a tiled prefill pass's attention runs [`kernels::prompt_attention_kernel`]
@@ -684,7 +690,7 @@ impl DeviceDecoder {
             mode: Mode::Fresh,
             choice: Choice::Greedy,
             launches: 0,
-            prefill_rows: PREFILL_ROWS,
+            prefill_rows: None,
             matrix: units,
             prompt_attention,
             prefill_bytes: 0,
@@ -753,10 +759,11 @@ impl DeviceDecoder {
         self
     }
 
-    /// This decoder taking at most `rows` prompt positions per prefill pass (at least one):
-    /// a pass's activations take about 64 KiB per position on Qwen2.5-0.5B.
+    /// This decoder taking at most `rows` prompt positions per prefill pass (at least one;
+    /// by default 2048 on the matrix units, 512 elsewhere): a pass's activations take about
+    /// 64 KiB per position on Qwen2.5-0.5B.
     pub fn with_prefill_rows(mut self, rows: usize) -> Self {
-        self.prefill_rows = rows.max(1);
+        self.prefill_rows = Some(rows.max(1));
         self
     }
 
@@ -1160,7 +1167,12 @@ impl DeviceDecoder {
     /// Runs once per prompt, so it is launched, not recorded, and its launch arguments may
     /// depend on the prompt.
     fn prefill(&mut self, n: usize) -> Result<(), DeviceStepError> {
-        let rows = self.prefill_rows.min(n);
+        let most = match self.prefill_rows {
+            Some(rows) => rows,
+            None if self.matrix => MATRIX_PREFILL_ROWS,
+            None => PREFILL_ROWS,
+        };
+        let rows = most.min(n);
         let tiled = rows >= TILED_FROM
             && self.layers.iter().all(|l| {
                 [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
