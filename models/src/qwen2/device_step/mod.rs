@@ -820,19 +820,9 @@ impl DeviceDecoder {
             return Ok(None);
         }
         self.client.write(&self.buf.pos, u32_bytes(first as u32));
-        let window = self.client.profile_start().map_err(device_error)?;
-        let run = (0..steps).try_for_each(|_| self.step());
-        if let Err(e) = run {
-            self.client.profile_abandon(window);
-            return Err(e);
-        }
-        let timed = self.client.profile_end(window).map_err(device_error)?;
+        let timed = self.time_window(|s| (0..steps).try_for_each(|_| s.step()));
         self.release_capture();
-        let on_device = timed.timing_method() == TimingMethod::Device;
-        let ticks = cubecl::future::block_on(timed.resolve());
-        Ok(ticks
-            .filter(|_| on_device)
-            .map(|t| t.duration() / steps as u32))
+        Ok(timed?.map(|t| t / steps as u32))
     }
 
     /// Where a step's device time goes: the device's time for each kind of launch, summed over
@@ -866,8 +856,17 @@ impl DeviceDecoder {
         let Some((n, _)) = self.last_run else {
             return Ok(None);
         };
+        self.time_window(|s| s.prefill(n))
+    }
+
+    /// Runs `launch` in one timing window: the device's time, or `None` where the device has
+    /// no timer.
+    fn time_window(
+        &mut self,
+        launch: impl FnOnce(&mut Self) -> Result<(), DeviceStepError>,
+    ) -> Result<Option<std::time::Duration>, DeviceStepError> {
         let window = self.client.profile_start().map_err(device_error)?;
-        if let Err(e) = self.prefill(n) {
+        if let Err(e) = launch(self) {
             self.client.profile_abandon(window);
             return Err(e);
         }
