@@ -256,45 +256,39 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
         );
         // Timing steps runs them again from the first: two leave the logits a three-token
         // generation ends with (lavapipe has no device timer, but the steps run).
+        // The logits a fresh decoder ends a `tokens`-token generation with.
+        let ending = |tokens: usize| {
+            let mut fresh = DeviceDecoder::new(&device, prompt.len() + NEW)
+                .unwrap()
+                .with_prefill_rows(rows);
+            fresh
+                .generate(&prompt, tokens, &mut Sampler::greedy(), &[], |_| {})
+                .unwrap();
+            fresh.logits().unwrap()
+        };
         let timed = decoder.device_time_per_step(2).unwrap();
         assert!(timed.is_none_or(|t| !t.is_zero()));
-        let mut three = DeviceDecoder::new(&device, prompt.len() + NEW)
-            .unwrap()
-            .with_prefill_rows(rows);
-        three
-            .generate(&prompt, 3, &mut Sampler::greedy(), &[], |_| {})
-            .unwrap();
         assert_eq!(
             decoder.logits().unwrap(),
-            three.logits().unwrap(),
+            ending(3),
             "steps timed again, recorded: {record}"
         );
         // Timing each launch runs the first step again, launch by launch: it leaves the logits
         // a two-token generation ends with.
         let kinds = decoder.device_time_by_launch().unwrap();
         assert!(kinds.is_none_or(|k| k.iter().any(|(kind, _)| *kind == "attention")));
-        let mut two = DeviceDecoder::new(&device, prompt.len() + NEW)
-            .unwrap()
-            .with_prefill_rows(rows);
-        two.generate(&prompt, 2, &mut Sampler::greedy(), &[], |_| {})
-            .unwrap();
         assert_eq!(
             decoder.logits().unwrap(),
-            two.logits().unwrap(),
+            ending(2),
             "first step timed by launch, recorded: {record}"
         );
         // Timing the prompt runs its passes again: it leaves the logits at the prompt's end,
         // those of a one-token generation.
         let timed = decoder.prompt_device_time().unwrap();
         assert!(timed.is_none_or(|t| !t.is_zero()));
-        let mut one = DeviceDecoder::new(&device, prompt.len() + NEW)
-            .unwrap()
-            .with_prefill_rows(rows);
-        one.generate(&prompt, 1, &mut Sampler::greedy(), &[], |_| {})
-            .unwrap();
         assert_eq!(
             decoder.logits().unwrap(),
-            one.logits().unwrap(),
+            ending(1),
             "prompt timed, recorded: {record}"
         );
     }

@@ -311,7 +311,6 @@ fn paired_gate_up_and_staged_down_match_the_f64_reference() {
     assert_within(&floats(&c, &y), &want, "down");
 }
 
-/// `x` rotated by position `pos`'s angles, per head of `d` (the host step's RoPE, in f64).
 /// Single-query attention in f64: `q` (one head's `d` values) over positions `0..len`, whose
 /// key and value `i` are `key(p, i)` and `value(p, i)`, scores scaled by `scale`.
 fn attend(
@@ -333,6 +332,7 @@ fn attend(
         .collect()
 }
 
+/// `x` rotated by position `pos`'s angles, per head of `d` (the host step's RoPE, in f64).
 fn rotate(x: &[f32], d: usize, cos: &[f32], sin: &[f32]) -> Vec<f64> {
     let half = d / 2;
     let mut out = vec![0f64; x.len()];
