@@ -987,7 +987,7 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
 fn block_f16_kernel(
     w: &[u32],
     wv: &[Word4],
-    out: &mut [f16],
+    out: &mut [F16x4],
     rows: usize,
     #[comptime] n: usize,
     #[comptime] kind: u32,
@@ -1000,15 +1000,32 @@ fn block_f16_kernel(
         let mut coef = Array::<f32>::new(4usize);
         let stride = comptime!(row_bytes(kind, n));
         let b = unit_decode(w, wv, r * stride, k, &mut lo, &mut hi, &mut coef, kind);
-        let at = r * n + BLOCK * b;
-        let second = at + comptime!(BLOCK * second_block(kind));
+        // In vectors of four: a thread's 32 values in 8 stores of 8 bytes, not 32 of 2.
+        let at = (r * n + BLOCK * b) / 4;
+        let second = at + comptime!(BLOCK * second_block(kind) / 4);
         #[unroll]
-        for i in 0..16usize {
-            out[at + i] = f16::cast_from(unit_value(&lo, &coef, 0usize, i));
-            out[second + i] = f16::cast_from(unit_value(&hi, &coef, 2usize, i));
+        for v in 0..4usize {
+            let mut a = F16x4::new(f16::cast_from(0.0f32));
+            let mut c = F16x4::new(f16::cast_from(0.0f32));
+            #[unroll]
+            for i in 0..4usize {
+                a.insert(
+                    i,
+                    f16::cast_from(unit_value(&lo, &coef, 0usize, comptime!(4 * v + i))),
+                );
+                c.insert(
+                    i,
+                    f16::cast_from(unit_value(&hi, &coef, 2usize, comptime!(4 * v + i))),
+                );
+            }
+            out[at + v] = a;
+            out[second + v] = c;
         }
     }
 }
+
+/// Four f16 values, one 8-byte store.
+type F16x4 = Vector<f16, Const<4>>;
 
 /// Launches [`block_f16_kernel`] over the whole of a block weight into `out` (`out * n` f16).
 ///
@@ -1028,7 +1045,7 @@ pub(super) unsafe fn launch_f16(client: &Client, weight: BlockPart<'_>, out: &Ha
             CubeDim::new_1d(threads as u32),
             BufferArg::from_raw_parts(weight.bytes.clone(), weight.words()),
             BufferArg::from_raw_parts(weight.bytes.clone(), weight.vectors()),
-            BufferArg::from_raw_parts(out.clone(), weight.out * n),
+            BufferArg::from_raw_parts(out.clone(), weight.out * n / 4),
             weight.out,
             n,
             weight.kind(),
