@@ -626,15 +626,9 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
     let nblk = comptime!(n / BLOCK);
     let t = CUBE_POS_Y as usize;
     let row = CUBE_POS_X as usize * BLOCK + UNIT_POS_Y as usize;
-    let mut raw = Array::<Word4>::new(4usize);
-    let both_q4k = comptime!(ka == Q4_K && kb == Q4_K);
     // A Q4_K pair's first units are asked for before the prologue, so their fetch overlaps the
     // norm.
-    if comptime!(both_q4k) {
-        let k = UNIT_POS_X as usize;
-        q4k_fetch(wva, row * comptime!(row_bytes(ka, n)), k, &mut raw, 0usize);
-        q4k_fetch(wvb, row * comptime!(row_bytes(kb, n)), k, &mut raw, 2usize);
-    }
+    let raw = first_units(wva, wvb, row, n, ka, kb);
     let mut xq = Shared::<[Word4]>::new_slice(comptime!(2 * nblk));
     let mut xs = Shared::<[f32]>::new_slice(nblk);
     P::split_row(
@@ -648,23 +642,119 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
         comptime!(lanes * BLOCK),
     );
     sync_cube();
+    let acc = paired_rows(
+        wa, wb, wva, wvb, row, raw, &xq, &xs, 0usize, nblk, 0usize, n, ka, kb, lanes,
+    );
+    pair_and_split::<C>(acc[0], acc[1], 1.0, 1.0, out_q, out_s, lanes);
+}
+
+/// [`block_paired_kernel`] over a split in memory: row `t` of a split of `t_total` rows (high
+/// plane, low plane, scales) read where it lies, through the device's caches, instead of every
+/// cube norming the input and splitting it into shared memory. For a wide input that prologue
+/// was a large part of the launch (7B gate/up on an H100: 1.41 ms a token with the norm apart,
+/// 1.58 with it in every cube); for a narrow one the norm's own launch costs more than it saves.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn block_paired_split_kernel<C: Pairing>(
+    sq: &[Word4],
+    ss: &[f32],
+    wa: &[u32],
+    wb: &[u32],
+    wva: &[Word4],
+    wvb: &[Word4],
+    out_q: &mut [Word4],
+    out_s: &mut [f32],
+    t_total: usize,
+    #[comptime] n: usize,
+    #[comptime] ka: u32,
+    #[comptime] kb: u32,
+    #[comptime] lanes: usize,
+) {
+    let nblk = comptime!(n / BLOCK);
+    let t = CUBE_POS_Y as usize;
+    let row = CUBE_POS_X as usize * BLOCK + UNIT_POS_Y as usize;
+    let plane = t_total * nblk;
+    let raw = first_units(wva, wvb, row, n, ka, kb);
+    let acc = paired_rows(
+        wa,
+        wb,
+        wva,
+        wvb,
+        row,
+        raw,
+        sq,
+        ss,
+        t * nblk,
+        plane,
+        8 * plane,
+        n,
+        ka,
+        kb,
+        lanes,
+    );
+    pair_and_split::<C>(acc[0], acc[1], 1.0, 1.0, out_q, out_s, lanes);
+}
+
+/// A Q4_K pair's first units of row `row` for this thread ([`q4k_fetch`]: both weights' heads
+/// and quants); unread for other types.
+#[cube]
+fn first_units(
+    wva: &[Word4],
+    wvb: &[Word4],
+    row: usize,
+    #[comptime] n: usize,
+    #[comptime] ka: u32,
+    #[comptime] kb: u32,
+) -> Array<Word4> {
+    let mut raw = Array::<Word4>::new(4usize);
+    if comptime!(ka == Q4_K && kb == Q4_K) {
+        let k = UNIT_POS_X as usize;
+        q4k_fetch(wva, row * comptime!(row_bytes(ka, n)), k, &mut raw, 0usize);
+        q4k_fetch(wvb, row * comptime!(row_bytes(kb, n)), k, &mut raw, 2usize);
+    }
+    raw
+}
+
+/// This thread's units of row `row` of both weights times the split (its blocks from block
+/// `x0` of its planes, as [`block_dot`] reads them), as `[a, b]`; a Q4_K pair starts from
+/// `raw` ([`first_units`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn paired_rows(
+    wa: &[u32],
+    wb: &[u32],
+    wva: &[Word4],
+    wvb: &[Word4],
+    row: usize,
+    raw: Array<Word4>,
+    xq: &[Word4],
+    xs: &[f32],
+    x0: usize,
+    lo_off: usize,
+    s_off: usize,
+    #[comptime] n: usize,
+    #[comptime] ka: u32,
+    #[comptime] kb: u32,
+    #[comptime] lanes: usize,
+) -> Array<f32> {
     // The two rows' units in one loop, both loads of a step in flight together: at 7B on an
     // H100 gate/up took 11 % less time than one row's loop after the other's.
     let units = comptime!(n / UNIT);
     let stride_a = comptime!(row_bytes(ka, n));
     let stride_b = comptime!(row_bytes(kb, n));
+    let mut raw = raw;
     let mut a = 0.0f32;
     let mut b = 0.0f32;
     let mut k = UNIT_POS_X as usize;
-    if comptime!(both_q4k) {
+    if comptime!(ka == Q4_K && kb == Q4_K) {
         // Each step asks for the next step's units before it multiplies this one's.
         while k < units {
             let kn = ahead(k, lanes, units);
             let mut next = Array::<Word4>::new(4usize);
             q4k_fetch(wva, row * stride_a, kn, &mut next, 0usize);
             q4k_fetch(wvb, row * stride_b, kn, &mut next, 2usize);
-            a += q4k_unit_dot(raw[0], raw[1], k, &xq, &xs, 0usize, nblk, 0usize);
-            b += q4k_unit_dot(raw[2], raw[3], k, &xq, &xs, 0usize, nblk, 0usize);
+            a += q4k_unit_dot(raw[0], raw[1], k, xq, xs, x0, lo_off, s_off);
+            b += q4k_unit_dot(raw[2], raw[3], k, xq, xs, x0, lo_off, s_off);
             #[unroll]
             for i in 0..4usize {
                 raw[i] = next[i];
@@ -673,34 +763,15 @@ fn block_paired_kernel<P: Prologue, C: Pairing>(
         }
     } else {
         while k < units {
-            a += unit_dot(
-                wa,
-                wva,
-                row * stride_a,
-                k,
-                &xq,
-                &xs,
-                0usize,
-                nblk,
-                0usize,
-                ka,
-            );
-            b += unit_dot(
-                wb,
-                wvb,
-                row * stride_b,
-                k,
-                &xq,
-                &xs,
-                0usize,
-                nblk,
-                0usize,
-                kb,
-            );
+            a += unit_dot(wa, wva, row * stride_a, k, xq, xs, x0, lo_off, s_off, ka);
+            b += unit_dot(wb, wvb, row * stride_b, k, xq, xs, x0, lo_off, s_off, kb);
             k += lanes;
         }
     }
-    pair_and_split::<C>(a, b, 1.0, 1.0, out_q, out_s, lanes);
+    let mut acc = Array::<f32>::new(2usize);
+    acc[0] = a;
+    acc[1] = b;
+    acc
 }
 
 /// Row `ids[pos[0] + t]` of a block matrix of `rows` rows of `n` values, dequantized into row
@@ -953,7 +1024,7 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
     split: &Handle,
 ) {
     let out = a.out;
-    let lanes = if n / UNIT > 4 * 8 { 16 } else { 8 };
+    let lanes = paired_lanes(n);
     let blocks = t * out / BLOCK;
     // SAFETY: the caller vouches for every length: the weights' words, the split's planes
     // `2 * blocks` vectors of four words and its `9 * blocks` f32 of which the kernel writes
@@ -978,6 +1049,54 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
             lanes,
         );
     }
+}
+
+/// [`launch_paired`] over the split of `t` rows in `input` (`len` words), read in place
+/// ([`block_paired_split_kernel`]).
+///
+/// # Safety
+///
+/// As for [`launch_paired`]; `input` holds `len` words, the split of `t` rows of `n` values,
+/// and is not `split`.
+pub(super) unsafe fn launch_paired_split<C: Pairing>(
+    client: &Client,
+    input: &Handle,
+    len: usize,
+    t: usize,
+    n: usize,
+    [a, b]: [BlockPart<'_>; 2],
+    split: &Handle,
+) {
+    let out = a.out;
+    let lanes = paired_lanes(n);
+    let blocks = t * out / BLOCK;
+    // SAFETY: as for `launch_paired`; the input is read within its `len` words, rows `< t`.
+    unsafe {
+        block_paired_split_kernel::launch_unchecked::<C>(
+            client,
+            CubeCount::Static((out / BLOCK) as u32, t as u32, 1),
+            CubeDim::new_2d(lanes as u32, BLOCK as u32),
+            BufferArg::from_raw_parts(input.clone(), len / 4),
+            BufferArg::from_raw_parts(input.clone(), len),
+            BufferArg::from_raw_parts(a.bytes.clone(), a.words()),
+            BufferArg::from_raw_parts(b.bytes.clone(), b.words()),
+            BufferArg::from_raw_parts(a.bytes.clone(), a.vectors()),
+            BufferArg::from_raw_parts(b.bytes.clone(), b.vectors()),
+            BufferArg::from_raw_parts(split.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(split.clone(), 9 * blocks),
+            t,
+            n,
+            a.kind(),
+            b.kind(),
+            lanes,
+        );
+    }
+}
+
+/// The paired products' lanes per row of `n` values: 16 where a lane would take more than
+/// four units with 8.
+fn paired_lanes(n: usize) -> usize {
+    if n / UNIT > 4 * 8 { 16 } else { 8 }
 }
 
 /// Every row of a block matrix of rows of `n` values, dequantized into `out` as f16: a

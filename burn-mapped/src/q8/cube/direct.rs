@@ -366,18 +366,7 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
     b: &'a DirectWeight,
     split: &'a Handle,
 ) -> Result<(), DirectError> {
-    let (out, inp) = (a.out_features(), a.in_features());
-    if (b.out_features(), b.in_features()) != (out, inp) || !out.is_multiple_of(16) {
-        return Err(DirectError::Parts(format!(
-            "paired products need two [out, in] weights of the same shape with out % 16 == 0, \
-             got [{out}, {inp}] and [{}, {}]",
-            b.out_features(),
-            b.in_features()
-        )));
-    }
-    if a.client().name() != b.client().name() {
-        return Err(DirectError::Parts("weights on different clients".into()));
-    }
+    let (out, inp) = paired_shape(a, b)?;
     check_prologue(a.client(), &input, inp)?;
     check("split", split, split_words(rows, out))?;
     // SAFETY: the shapes (`DirectWeight::new` and `DirectWeight::blocks` checked the dtypes,
@@ -415,6 +404,63 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
         }
     }
     Ok(())
+}
+
+/// Enqueues [`paired_products`] whose input is the split of `rows` rows in `input`
+/// ([`split_words`] of the weights' `in`, as [`staged_product`] reads one) rather than computed
+/// by every cube: over block rows each cube reads it where it lies, with no prologue, no copy
+/// and no limit on the width; over q8 rows each cube copies it into shared memory. Where the
+/// input is wide, norming it once in a launch of its own and reading the result costs less
+/// than every cube norming it.
+///
+/// # Errors
+///
+/// As for [`paired_products`]; [`DirectError::BufferTooSmall`] where `input` holds less than
+/// the split of `rows` rows.
+pub fn paired_split_products<'a, C: Pairing>(
+    input: &'a Handle,
+    rows: usize,
+    a: &'a DirectWeight,
+    b: &'a DirectWeight,
+    split: &'a Handle,
+) -> Result<(), DirectError> {
+    let (out, inp) = paired_shape(a, b)?;
+    let len = split_words(rows, inp);
+    check("input split", input, len)?;
+    match (a.block_part(None, split), b.block_part(None, split)) {
+        (Some(pa), Some(pb)) => {
+            check("split", split, split_words(rows, out))?;
+            // SAFETY: `paired_shape` checked the weights' shapes (their layouts were checked
+            // when they were made) and both splits' sizes were checked above.
+            unsafe {
+                blocks::launch_paired_split::<C>(a.client(), input, len, rows, inp, [pa, pb], split)
+            };
+            Ok(())
+        }
+        // SAFETY: `StagedSplit` reads row `t < rows` of the split of `rows` rows in `input`,
+        // within the `len` words checked above.
+        _ => unsafe {
+            paired_products::<StagedSplit, C>(staged_input(input, len), rows, a, b, split)
+        },
+    }
+}
+
+/// `(out, in)` of two weights a paired launch takes: the same shape, rows in whole blocks of
+/// 16, on one client.
+fn paired_shape(a: &DirectWeight, b: &DirectWeight) -> Result<(usize, usize), DirectError> {
+    let (out, inp) = (a.out_features(), a.in_features());
+    if (b.out_features(), b.in_features()) != (out, inp) || !out.is_multiple_of(16) {
+        return Err(DirectError::Parts(format!(
+            "paired products need two [out, in] weights of the same shape with out % 16 == 0, \
+             got [{out}, {inp}] and [{}, {}]",
+            b.out_features(),
+            b.in_features()
+        )));
+    }
+    if a.client().name() != b.client().name() {
+        return Err(DirectError::Parts("weights on different clients".into()));
+    }
+    Ok((out, inp))
 }
 
 /// Enqueues one product over a split in memory (as [`product`]) for a product whose input a

@@ -7,7 +7,7 @@ use burn_cubecl::cubecl;
 use burn_mapped::gguf::{BlockLayout, GgmlType, dequantize_to_vec, scale_offsets};
 use burn_mapped::q8::direct::{
     Addend, DirectWeight, MatrixScratch, Product, fused_products, lookup_rows, matrix_products,
-    paired_products, products, split_words, staged_product,
+    paired_products, paired_split_products, products, split_words, staged_product,
 };
 use burn_mapped_tests::synthetic::XorShift;
 use cubecl::prelude::*;
@@ -210,6 +210,51 @@ fn paired_block_products_and_the_staged_product_after_them_match_the_f64_referen
             value.0 += f64::from(*r);
         }
         assert_within(&floats(&c, &y), &want, &format!("{down_ty:?} down"));
+    }
+}
+
+#[test]
+fn paired_products_reading_a_split_in_place_match_the_f64_reference() {
+    let Some(c) = client() else { return };
+    // Gate and up over a split in memory, as a decode step at 7B runs them: 7B's Q4_K at 3584
+    // over one row and three, 0.5B's Q5_0 at 896 over three, and q8 rows (each cube copies
+    // the split) at 896; a row of small values among larger ones.
+    let cases = [
+        (3584usize, 256usize, 1usize, Some(GgmlType::Q4_K)),
+        (3584, 48, 3, Some(GgmlType::Q4_K)),
+        (896, 64, 3, Some(GgmlType::Q5_0)),
+        (896, 32, 3, None),
+    ];
+    for (case, (n, inter, rows, ty)) in cases.into_iter().enumerate() {
+        let seed = 900 + 10 * case as u64;
+        let mut x: Vec<f32> = values(rows * n, seed).iter().map(|v| 2.0 * v).collect();
+        if rows > 1 {
+            x[n..2 * n].iter_mut().for_each(|v| *v *= 1e-3);
+        }
+        let weight = |s: u64| match ty {
+            Some(ty) => block_weight(ty, inter, n, s),
+            None => {
+                let (w, q, scales) = q8_weight(inter, n, s);
+                let deq = q
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| q * scales[i / n])
+                    .collect();
+                (w, deq)
+            }
+        };
+        let ((gate, gd), (up, ud)) = (weight(seed + 1), weight(seed + 2));
+        let input = upload_u32(&c, &host_split(&x));
+        let split = upload_u32(&c, &vec![0x7FC0_0000; split_words(rows, inter)]);
+        paired_split_products::<kernels::SiluMul>(&input, rows, &gate, &up, &split)
+            .expect("launch");
+        let act: Vec<f64> = unsplit(&host_split(&x), rows * n)
+            .into_iter()
+            .map(|(value, _)| value)
+            .collect();
+        let (g, u) = (bounds(&act, &gd, n, false), bounds(&act, &ud, n, false));
+        let what = format!("{} x {n} over {rows} rows", gate.format());
+        assert_silu_mul(&words(&c, &split), rows * inter, &g, &u, &what);
     }
 }
 
