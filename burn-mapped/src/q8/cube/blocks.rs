@@ -1030,6 +1030,7 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
     // `2 * blocks` vectors of four words and its `9 * blocks` f32 of which the kernel writes
     // the last `blocks`; each cube writes its own block of each.
     unsafe {
+        let [wa, wb, va, vb, out_q, out_s] = paired_buffers(&a, &b, split, blocks);
         block_paired_kernel::launch_unchecked::<P, C>(
             client,
             CubeCount::Static((out / BLOCK) as u32, t as u32, 1),
@@ -1037,12 +1038,12 @@ pub(super) unsafe fn launch_paired<P: Prologue, C: Pairing>(
             BufferArg::from_raw_parts(input.first.clone(), input.first_len),
             BufferArg::from_raw_parts(input.second.clone(), input.second_len),
             input.scalar,
-            BufferArg::from_raw_parts(a.bytes.clone(), a.words()),
-            BufferArg::from_raw_parts(b.bytes.clone(), b.words()),
-            BufferArg::from_raw_parts(a.bytes.clone(), a.vectors()),
-            BufferArg::from_raw_parts(b.bytes.clone(), b.vectors()),
-            BufferArg::from_raw_parts(split.clone(), 2 * blocks),
-            BufferArg::from_raw_parts(split.clone(), 9 * blocks),
+            wa,
+            wb,
+            va,
+            vb,
+            out_q,
+            out_s,
             n,
             a.kind(),
             b.kind(),
@@ -1072,24 +1073,50 @@ pub(super) unsafe fn launch_paired_split<C: Pairing>(
     let blocks = t * out / BLOCK;
     // SAFETY: as for `launch_paired`; the input is read within its `len` words, rows `< t`.
     unsafe {
+        let [wa, wb, va, vb, out_q, out_s] = paired_buffers(&a, &b, split, blocks);
         block_paired_split_kernel::launch_unchecked::<C>(
             client,
             CubeCount::Static((out / BLOCK) as u32, t as u32, 1),
             CubeDim::new_2d(lanes as u32, BLOCK as u32),
             BufferArg::from_raw_parts(input.clone(), len / 4),
             BufferArg::from_raw_parts(input.clone(), len),
-            BufferArg::from_raw_parts(a.bytes.clone(), a.words()),
-            BufferArg::from_raw_parts(b.bytes.clone(), b.words()),
-            BufferArg::from_raw_parts(a.bytes.clone(), a.vectors()),
-            BufferArg::from_raw_parts(b.bytes.clone(), b.vectors()),
-            BufferArg::from_raw_parts(split.clone(), 2 * blocks),
-            BufferArg::from_raw_parts(split.clone(), 9 * blocks),
+            wa,
+            wb,
+            va,
+            vb,
+            out_q,
+            out_s,
             t,
             n,
             a.kind(),
             b.kind(),
             lanes,
         );
+    }
+}
+
+/// What a paired launch binds besides its input: both weights as words and as vectors, then
+/// the split it writes (`blocks` blocks) as planes and as f32.
+///
+/// # Safety
+///
+/// As for [`launch_paired`]: the parts' bytes and the split hold what their lengths say.
+unsafe fn paired_buffers(
+    a: &BlockPart<'_>,
+    b: &BlockPart<'_>,
+    split: &Handle,
+    blocks: usize,
+) -> [BufferArg; 6] {
+    // SAFETY: the caller vouches for the lengths.
+    unsafe {
+        [
+            BufferArg::from_raw_parts(a.bytes.clone(), a.words()),
+            BufferArg::from_raw_parts(b.bytes.clone(), b.words()),
+            BufferArg::from_raw_parts(a.bytes.clone(), a.vectors()),
+            BufferArg::from_raw_parts(b.bytes.clone(), b.vectors()),
+            BufferArg::from_raw_parts(split.clone(), 2 * blocks),
+            BufferArg::from_raw_parts(split.clone(), 9 * blocks),
+        ]
     }
 }
 
