@@ -2,7 +2,7 @@
 spawn-to-first-token and the prompt's own part (first token minus model-ready) on the three
 prompts as median (min-max) of the rounds with compiled kernels kept, the same from an empty
 kernel cache, the ~1920-token prompt's device time (whole, and by kind of launch), tg128 and
-tg1024; llama.cpp's prompt times, process walls, tg128 and tg1024 beside them, and the ratios:
+tg1024 (median, min-max of the rounds); llama.cpp's prompt times, process walls, tg128 and tg1024 beside them, and the ratios:
 waits as our time over llama.cpp's (below 1 is ahead), rates as ours over llama.cpp's (above 1
 is ahead). Prints a table and writes $W/res/summary.json."""
 import glob
@@ -87,12 +87,15 @@ for size in ["7b", "0.5b"]:
         if prof and prof.get("prompt_device_us_by_launch"):
             e["prompt_1920_device_ms_by_launch"] = {k: v / 1e3 for k, v in prof["prompt_device_us_by_launch"]}
         for n in (128, 1024):
-            tg = load(f"tg{n}-{b}-{size}")
-            rate = tg["decode_tokens_per_s"] if tg else None
+            runs = [load(os.path.basename(f)[:-5]) for f in sorted(glob.glob(f"{res}/tg{n}-{b}-{size}-r*.json"))]
+            runs = [r for r in runs if r]
+            rates = spread([r.get("decode_tokens_per_s") for r in runs])
+            rate = rates["median"] if rates else None
             e[f"tg{n}_tok_s"] = rate
+            e[f"tg{n}_tok_s_runs"] = rates
             e[f"tg{n}_ratio"] = rate / ll[f"tg{n}_tok_s"] if rate and ll[f"tg{n}_tok_s"] else None
-            if tg:
-                e["decode_path"] = tg.get("decode_path")
+            if runs:
+                e["decode_path"] = runs[0].get("decode_path")
         entry["builds"][b] = e
     out["sizes"][size] = entry
 out["llama_cpp_build_commit"] = llama_build
@@ -127,5 +130,7 @@ for size, entry in out["sizes"].items():
         if "prompt_1920_device_ms_by_launch" in e:
             print("     by launch (each timed alone): " + ", ".join(
                 f"{k} {v:.1f}" for k, v in e["prompt_1920_device_ms_by_launch"].items()))
-        print(f"     tg128 {fmt(e['tg128_tok_s'], '.1f')} ({fmt(e['tg128_ratio'], '.2f')}x), "
-              f"tg1024 {fmt(e['tg1024_tok_s'], '.1f')} ({fmt(e['tg1024_ratio'], '.2f')}x); {e.get('decode_path')}")
+        span = lambda n: (f" [{e[f'tg{n}_tok_s_runs']['min']:.1f}-{e[f'tg{n}_tok_s_runs']['max']:.1f}]"
+                          if e.get(f"tg{n}_tok_s_runs") else "")
+        print(f"     tg128 {fmt(e['tg128_tok_s'], '.1f')}{span(128)} ({fmt(e['tg128_ratio'], '.2f')}x), "
+              f"tg1024 {fmt(e['tg1024_tok_s'], '.1f')}{span(1024)} ({fmt(e['tg1024_ratio'], '.2f')}x); {e.get('decode_path')}")

@@ -6,15 +6,16 @@
 # times (~480 and ~1920 tokens), two rounds alternating builds, compiled kernels kept (a warm-up
 # run first); the same three prompts from an empty kernel cache; the ~1920-token prompt once
 # more with --device-time (`prompt_device_us` whole, `prompt_device_us_by_launch`); tg128 and
-# tg1024. llama.cpp: `llama-bench -p 42,481,1921,512 -n 0 -r 3` and `-p 0 -n 128,1024 -r 2`, and
+# tg1024, TG_ROUNDS rounds (2 unless set) alternating builds. llama.cpp: `llama-bench -p 42,481,1921,512 -n 0 -r 3` and `-p 0 -n 128,1024 -r 2`, and
 # a new `llama-bench -p P -n 0 -r 1 --no-warmup` process per prompt, timed from spawn to exit,
 # twice. COMMITS ("new=<sha> base=<sha>") is recorded as given. devrun/ holds what
 # benches/scripts/gpu_binaries.sh describes.
 #
-#   OUT=out BINS="new base" COMMITS="new=<sha> base=<sha>" bash benches/scripts/gpu_prompt.sh
+#   OUT=out BINS="new base" COMMITS="new=<sha> base=<sha>" [TG_ROUNDS=2] bash benches/scripts/gpu_prompt.sh
 set -u
 export PYTHONUNBUFFERED=1
 BINS="${BINS:-new}"
+TG_ROUNDS="${TG_ROUNDS:-2}"
 for f in devrun/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json; do
   if [ -f "$icd" ]; then export VK_DRIVER_FILES="$icd"; break; fi
@@ -67,11 +68,11 @@ for size in 7b 0.5b; do
     one $b $size cold-$b-$size-480 --cold --prompt "$p40"
     one $b $size cold-$b-$size-1920 --cold --prompt "$p160"
   done
-  for b in $BINS; do for n in 128 1024; do
+  for r in $(seq 0 $((TG_ROUNDS - 1))); do for b in $BINS; do for n in 128 1024; do
     timeout 90 $w/bm-$b generate --model $w/speed-$size.gguf --device vulkan --placement resident \
       --max-tokens $((n + 1)) --ignore-eos --json --cache-dir $w/cache-$size --chat --prompt "$S" \
-      2>/dev/null | tail -1 > $w/res/tg$n-$b-$size.json
-  done; done
+      2>/dev/null | tail -1 > $w/res/tg$n-$b-$size-r$r.json
+  done; done; done
 done
 wait $build; echo "llama build $?"
 for size in 7b 0.5b; do

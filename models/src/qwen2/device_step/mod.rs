@@ -805,7 +805,9 @@ impl DeviceDecoder {
     }
 
     /// The host's mean time to enqueue a steady generating step (a replay, or the launches
-    /// where nothing is recorded): what the device step costs the host per token.
+    /// where nothing is recorded): what the device step costs the host per token. With steps
+    /// queued ahead of the reads it includes the waits CubeCL's runtime makes once 512
+    /// launches are in flight.
     pub fn host_time_per_token(&self) -> Option<std::time::Duration> {
         (self.chosen > 0).then(|| self.host / self.chosen as u32)
     }
