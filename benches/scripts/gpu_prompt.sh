@@ -4,9 +4,10 @@
 # speed-test GGUFs of Qwen2.5-Coder-0.5B and the 7B shape, random blocks. Per size and build: a
 # new process per first token on the chat prompt and on the plain sentence repeated 40 and 160
 # times (~480 and ~1920 tokens), two rounds alternating builds, compiled kernels kept (a warm-up
-# run first); the same three prompts from an empty kernel cache; the ~1920-token prompt once
-# more with --device-time (`prompt_device_us` whole, `prompt_device_us_by_launch`); tg128 and
-# tg1024, TG_ROUNDS rounds (2 unless set) alternating builds. llama.cpp: `llama-bench -p 42,481,1921,512 -n 0 -r 3` and `-p 0 -n 128,1024 -r 2`, and
+# run first); the same three prompts from an empty kernel cache and driver shader cache; the
+# ~1920-token prompt once more with --device-time (`prompt_device_us` whole,
+# `prompt_device_us_by_launch`); tg128 and tg1024, TG_ROUNDS rounds (2 unless set) alternating
+# builds. llama.cpp: `llama-bench -p 42,481,1921,512 -n 0 -r 3` and `-p 0 -n 128,1024 -r 2`, and
 # a new `llama-bench -p P -n 0 -r 1 --no-warmup` process per prompt, timed from spawn to exit,
 # twice. COMMITS ("new=<sha> base=<sha>") is recorded as given. devrun/ holds what
 # benches/scripts/gpu_binaries.sh describes.
@@ -40,8 +41,11 @@ S="Write a Python function that checks whether a number is prime."
 p40=$(python3 -c "print(' '.join(['$S']*40))"); p160=$(python3 -c "print(' '.join(['$S']*160))")
 one() { # build size tag [cache-dir] args...
   local b=$1 size=$2 tag=$3 cache=$w/cache-$2; shift 3
-  if [ "${1:-}" = --cold ]; then cache=$w/cold; rm -rf $cache; shift; fi
-  timeout 90 $w/bm-$b generate --model $w/speed-$size.gguf --device vulkan --placement resident --max-tokens 2 \
+  local driver=$w/driver-cache
+  # A cold run starts with the driver's own shader cache empty too (NVIDIA keeps compiled
+  # pipelines on disk by itself), as a machine's first process does.
+  if [ "${1:-}" = --cold ]; then cache=$w/cold; rm -rf $cache; driver=$cache/driver; shift; fi
+  __GL_SHADER_DISK_CACHE_PATH=$driver timeout 90 $w/bm-$b generate --model $w/speed-$size.gguf --device vulkan --placement resident --max-tokens 2 \
     --ignore-eos --json --cache-dir $cache "$@" 2>$w/res/$tag.err | tail -1 > $w/res/$tag.json
   python3 - "$w/res/$tag" <<'PY'
 import json, sys
