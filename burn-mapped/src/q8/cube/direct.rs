@@ -416,7 +416,7 @@ pub unsafe fn paired_products<'a, P: Prologue, C: Pairing>(
 /// # Errors
 ///
 /// As for [`paired_products`]; [`DirectError::BufferTooSmall`] where `input` holds less than
-/// the split of `rows` rows.
+/// the split of `rows` rows; [`DirectError::Parts`] where `input` is `split`'s buffer.
 pub fn paired_split_products<'a, C: Pairing>(
     input: &'a Handle,
     rows: usize,
@@ -427,6 +427,11 @@ pub fn paired_split_products<'a, C: Pairing>(
     let (out, inp) = paired_shape(a, b)?;
     let len = split_words(rows, inp);
     check("input split", input, len)?;
+    if input.memory.descriptor() == split.memory.descriptor() {
+        return Err(DirectError::Parts(
+            "paired products would write the split they read".into(),
+        ));
+    }
     match (a.block_part(None, split), b.block_part(None, split)) {
         (Some(pa), Some(pb)) => {
             check("split", split, split_words(rows, out))?;
@@ -438,7 +443,7 @@ pub fn paired_split_products<'a, C: Pairing>(
             Ok(())
         }
         // SAFETY: `StagedSplit` reads row `t < rows` of the split of `rows` rows in `input`,
-        // within the `len` words checked above.
+        // within the `len` words checked above, and `input` is not `split` (checked above).
         _ => unsafe {
             paired_products::<StagedSplit, C>(staged_input(input, len), rows, a, b, split)
         },

@@ -255,6 +255,8 @@ fn paired_products_reading_a_split_in_place_match_the_f64_reference() {
         let (g, u) = (bounds(&act, &gd, n, false), bounds(&act, &ud, n, false));
         let what = format!("{} x {n} over {rows} rows", gate.format());
         assert_silu_mul(&words(&c, &split), rows * inter, &g, &u, &what);
+        let aliased = paired_split_products::<kernels::SiluMul>(&input, rows, &gate, &up, &input);
+        assert!(aliased.is_err(), "{what}: the input as the output split");
     }
 }
 
