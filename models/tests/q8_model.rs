@@ -254,8 +254,6 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
             decoder.launches_per_token(),
             1 + 5 * config.num_hidden_layers + 4
         );
-        // Timing steps runs them again from the first: two leave the logits a three-token
-        // generation ends with (lavapipe has no device timer, but the steps run).
         // The logits a fresh decoder ends a `tokens`-token generation with.
         let ending = |tokens: usize| {
             let mut fresh = DeviceDecoder::new(&device, prompt.len() + NEW)
@@ -266,6 +264,8 @@ fn the_device_step_decodes_the_q8_model_as_the_host_does() {
                 .unwrap();
             fresh.logits().unwrap()
         };
+        // Timing steps runs them again from the first: two leave the logits a three-token
+        // generation ends with (lavapipe has no device timer, but the steps run).
         let timed = decoder.device_time_per_step(2).unwrap();
         assert!(timed.is_none_or(|t| !t.is_zero()));
         assert_eq!(

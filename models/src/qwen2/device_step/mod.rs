@@ -11,12 +11,11 @@
 //! output (over a cache longer than one cube's pass, each head's positions are spread over
 //! cubes and a sixth launch combines them); the o-projection adding the residual; gate and
 //! up, norming as q/k/v do, each cube computing sixteen rows of both and writing their
-//! `silu(gate) * up` as one split block
-//! (`paired_products`; over blocks from a hidden width of 3584, the norm runs once in a launch
-//! of its own and the cubes read its split in place, `paired_split_products`); and the down projection reading that split (`staged_product`: q8
+//! `silu(gate) * up` as one split block (`paired_products`; over blocks from a hidden width of
+//! 3584, the norm runs once in a launch of its own and the cubes read its split in place,
+//! `paired_split_products`); and the down projection reading that split (`staged_product`: q8
 //! cubes fetch their weights before they copy it, block cubes read it in place), adding the
-//! residual. The
-//! choice runs on the device too, greedy or top-p (the host writes the sampler's draws once, by
+//! residual. The choice runs on the device too, greedy or top-p (the host writes the sampler's draws once, by
 //! position), and writes the next token's id where the next step reads it: the host only reads
 //! ids back.
 //!
