@@ -256,7 +256,7 @@ fn f32s<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().unwrap()
 }
 
-/// On Flex these same ops on a sole-owned weight fail in strict mode (tests/readonly.rs). On
+/// On Flex these same ops on a sole-owned weight fail in strict mode (tests/suite/readonly.rs). On
 /// NdArray they succeed: it never asks for write access to borrowed bytes, it copies them, so
 /// strict mode has nothing to refuse.
 #[test]

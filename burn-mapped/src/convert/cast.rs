@@ -136,7 +136,7 @@ pub(crate) fn widen_to_f32(from: DType, input: &[u8], out: &mut Vec<f32>) {
 }
 
 // Unit tests because the round-to-odd step is private; the public behaviour is tested
-// end to end in tests/convert.rs.
+// end to end in tests/suite/convert.rs.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -340,7 +340,7 @@ mod avx2 {
 }
 
 /// Unit tests reach the portable and AVX2 inner loops directly, which the public op cannot
-/// select; the public op is tested against an f64 reference in `tests/q8_cpu.rs`.
+/// select; the public op is tested against an f64 reference in `tests/suite/q8_cpu.rs`.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use burn_mapped::gguf::{GgmlType, GgufError, can_dequantize, dequantize, dequantize_to_vec};
 use serde_json::Value as Json;
 
-const DEQUANT_BLOCKS: &str = include_str!("fixtures/gguf/dequant_blocks.json");
-const GGML_TYPES: &str = include_str!("fixtures/gguf/ggml_types.json");
+const DEQUANT_BLOCKS: &str = include_str!("../fixtures/gguf/dequant_blocks.json");
+const GGML_TYPES: &str = include_str!("../fixtures/gguf/ggml_types.json");
 
 fn hex(s: &str) -> Vec<u8> {
     assert!(s.len().is_multiple_of(2), "odd hex length");

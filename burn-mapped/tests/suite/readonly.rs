@@ -2,7 +2,7 @@
 //! copy first (or, in strict mode, fail naming the tensor), and the files are byte-identical
 //! afterwards.
 
-mod common;
+use crate::common;
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -174,7 +174,7 @@ fn explicit_write_access_is_a_typed_error() {
 fn strict_mode_follows_the_environment_variable() {
     let (_tmp, dir, _) = recorded_net();
     let out = run_child(
-        "child_reports_strict_mode",
+        "readonly::child_reports_strict_mode",
         &[
             ("BURN_MAPPED_STRICT", "1"),
             ("BM_STORE", dir.to_str().unwrap()),
@@ -182,7 +182,7 @@ fn strict_mode_follows_the_environment_variable() {
     );
     assert_eq!(child_value::<String>(&out, "strict"), "Strict");
     let out = run_child(
-        "child_reports_strict_mode",
+        "readonly::child_reports_strict_mode",
         &[("BM_STORE", dir.to_str().unwrap())],
     );
     assert_eq!(child_value::<String>(&out, "strict"), "CopyOnWrite");

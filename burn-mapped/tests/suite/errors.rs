@@ -1,7 +1,7 @@
 //! Every kind of bad store is a typed error naming the tensor and file, found at open time,
 //! before any tensor byte is read; none faults.
 
-mod common;
+use crate::common;
 
 use burn::store::ModuleSnapshot;
 use burn::tensor::{DType, Device};

@@ -1,7 +1,7 @@
 //! A store written from a module loads back with no copy, through both routes, and computes
 //! exactly what the original module computed.
 
-mod common;
+use crate::common;
 
 use burn::module::Module;
 use burn::store::ModuleSnapshot;

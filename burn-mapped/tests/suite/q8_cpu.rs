@@ -1,7 +1,7 @@
 //! q8 format and the `q8_linear` op on Flex, checked against an f64 reference computed here
 //! from the same int8 values and scales.
 
-mod q8_common;
+use crate::q8_common;
 
 use burn::backend::Flex;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData, f16};

@@ -4,7 +4,7 @@
 //! a rounding reference written here from the IEEE 754 definition, in f64, and with
 //! hand-computed bit patterns.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

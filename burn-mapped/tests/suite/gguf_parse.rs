@@ -9,8 +9,8 @@ use burn_mapped::gguf::{
 use burn_mapped_tests::assert_matches;
 use serde_json::Value as Json;
 
-const TINY_GGUF: &[u8] = include_bytes!("fixtures/gguf/tiny.gguf");
-const TINY_JSON: &str = include_str!("fixtures/gguf/tiny.json");
+const TINY_GGUF: &[u8] = include_bytes!("../fixtures/gguf/tiny.gguf");
+const TINY_JSON: &str = include_str!("../fixtures/gguf/tiny.json");
 
 // The byte-level builder writes exactly what the tests say, valid or not.
 use burn_mapped_tests::gguf::{

@@ -2,7 +2,7 @@
 //! copy on every use, and both compute exactly what the adopted module computes. Storage
 //! addresses are checked against `/proc/self/maps`, not the crate's own bookkeeping.
 
-mod common;
+use crate::common;
 
 use std::ops::Range;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! numbers; the GGUF case takes its source values from the Python `gguf` package's
 //! dequantization (`fixtures/gguf/tiny.json`).
 
-mod q8_common;
+use crate::q8_common;
 
 use std::path::Path;
 
@@ -21,7 +21,7 @@ use safetensors::Dtype;
 use serde_json::Value as Json;
 
 const TINY_GGUF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gguf/tiny.gguf");
-const TINY_JSON: &str = include_str!("fixtures/gguf/tiny.json");
+const TINY_JSON: &str = include_str!("../fixtures/gguf/tiny.json");
 
 // ---------------------------------------------------------------------------------------------
 // Reference decoding and checks, written from the format definitions.

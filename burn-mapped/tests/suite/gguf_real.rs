@@ -14,7 +14,7 @@ use burn_mapped_tests::gguf::assert_table_like_gguf_py;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
-const REAL_FILE: &str = include_str!("fixtures/gguf/real_file.json");
+const REAL_FILE: &str = include_str!("../fixtures/gguf/real_file.json");
 
 #[test]
 fn the_real_checkpoint_reads_like_gguf_py_reads_it() {
