@@ -86,7 +86,7 @@ fn drain_complete(bytes: &mut Vec<u8>) -> String {
 
 #[cfg(test)]
 mod tests {
-    // Internals: drain_complete is private; the public behavior is tested in tests/tokenizer.rs.
+    // Internals: drain_complete is private; the public behavior is tested in tests/suite/tokenizer.rs.
     use super::drain_complete;
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! The vocabulary is read from the GGUF at run time, as in `tokenizer_matches_reference.rs`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! The tiny Qwen2 fixtures against Hugging Face transformers' own outputs
 //! (`fixtures/make_tiny_qwen2.py`, float32, eager attention, CPU).
 
-mod common;
+use crate::common;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::Sampler;

@@ -7,7 +7,7 @@
 //! the default cache path. Without it the GGUF tests print a note and pass, unless
 //! `BURN_MAPPED_REQUIRE_REAL=1`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -1,7 +1,7 @@
 //! Burn module paths must be the Hugging Face tensor names, with HF shapes, so a
 //! safetensors file written by transformers loads with no remapping.
 
-mod common;
+use crate::common;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;

@@ -1,6 +1,6 @@
 //! Inputs the forward pass refuses with a typed error instead of panicking.
 
-mod common;
+use crate::common;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_mapped_models::qwen2::{ForwardError, GenerateError, KvCache, Qwen2ForCausalLM, Sampler};

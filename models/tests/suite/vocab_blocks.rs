@@ -3,7 +3,7 @@
 //! tiny fixtures. The whole matrices are zeroed after the blocks are cut from them, so a model
 //! that still read them would fail the comparison.
 
-mod common;
+use crate::common;
 
 use burn::module::Param;
 use burn::tensor::Tensor;
