@@ -497,17 +497,35 @@ pub(super) fn attention_kernel(
 }
 
 /// Prompt positions one cube of [`prompt_attention_kernel`] attends for.
-pub(super) const PROMPT_QUERIES: usize = 16;
+pub(super) const PROMPT_QUERIES: usize = 32;
 
-/// Keys (and then values) [`prompt_attention_kernel`] holds in shared memory at once.
-const PROMPT_KEYS: usize = 32;
+/// Threads of [`prompt_attention_kernel`] that score one row: each takes every eighth key
+/// of a tile.
+const ROW_THREADS: usize = 8;
 
-/// The f32 of shared memory [`prompt_attention_kernel`] takes for heads of `head_dim` values.
-pub(super) fn prompt_attention_shared(head_dim: usize) -> usize {
+/// The keys a tile of [`prompt_attention_kernel`] holds for heads of `head_dim` values on a
+/// device with `max_shared` bytes of shared memory a cube: 32 where they fit (38 KB at 128
+/// values), else 16 (28 KB), else none (the kernel does not run; attention goes per row).
+/// Heads of 32, 64 or 128 values only: a row's vectors of four must fill whole swizzle groups
+/// of eight and the cube's threads must hold 32 rows' outputs in registers.
+pub(super) fn prompt_attention_keys(head_dim: usize, max_shared: usize) -> Option<usize> {
+    if !head_dim.is_multiple_of(32) || head_dim > 128 {
+        return None;
+    }
+    [32, 16]
+        .into_iter()
+        .find(|&keys| 4 * prompt_attention_shared(head_dim, keys) <= max_shared)
+}
+
+/// The f32 of shared memory [`prompt_attention_kernel`] takes: the rows' queries, a tile of
+/// keys (then values), the tile's weights (rows padded by one), the rows' corrections and the
+/// row threads' partial maxima.
+fn prompt_attention_shared(head_dim: usize, keys: usize) -> usize {
     PROMPT_QUERIES * head_dim
-        + PROMPT_KEYS * (head_dim + 1)
-        + PROMPT_QUERIES * PROMPT_KEYS
-        + 3 * PROMPT_QUERIES
+        + keys * head_dim
+        + PROMPT_QUERIES * (keys + 1)
+        + PROMPT_QUERIES
+        + PROMPT_QUERIES * ROW_THREADS
 }
 
 /// Causal attention of a prompt pass: head `h` (the grid's `x`) for [`PROMPT_QUERIES`]
@@ -516,12 +534,19 @@ pub(super) fn prompt_attention_shared(head_dim: usize) -> usize {
 /// o-projection as [`attention_kernel`] splits it.
 ///
 /// [`attention_kernel`] gives each position a cube, which reads every key and value before
-/// it: a prompt's attention reads the cache once per position and head, as many loads as the
-/// square of its length. Here a cube holds its rows' rotated queries in shared memory and
-/// walks the keys in tiles of [`PROMPT_KEYS`], each loaded once (coalesced) for all its rows,
-/// then the values likewise: the softmax kept per row as a running maximum and sum. Shared
-/// rows of keys are padded by one value, so the threads of a warp reading one value of
-/// different keys hit different banks.
+/// it: a prompt's attention would read the cache once per position and head. Here a cube holds
+/// its rows' rotated queries in shared memory and walks the cache in tiles of `keys` keys,
+/// then the same positions' values, each loaded once (coalesced) for all its rows; the softmax
+/// is kept per row as a running maximum and sum. Shared-memory reads, not global ones, bound
+/// such a kernel, so each thread works on a small block held in registers: while scoring, one
+/// row against every eighth key of the tile (a vector of four of the query read once for all
+/// of them); while adding values, four consecutive values of `head_dim / 32` rows (a vector of
+/// a value read once for all of them). Vectors of a key or query row sit at `e ^ (row % 8)`,
+/// so the eight keys (four rows) a warp reads at once fall in distinct banks without padding.
+/// A row's eight threads agree on its maximum through shared memory and keep their own
+/// partial sums, added once at the end.
+///
+/// `kc`/`vc` are the cache (`[kv_heads, capacity, head_dim]`) bound as vectors of four.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn prompt_attention_kernel(
@@ -529,8 +554,8 @@ pub(super) fn prompt_attention_kernel(
     cos: &[f32],
     sin: &[f32],
     pos: &[u32],
-    kc: &[f32],
-    vc: &[f32],
+    kc: &[F4],
+    vc: &[F4],
     xq: &mut [Word4],
     xs: &mut [f32],
     rows: usize,
@@ -539,19 +564,22 @@ pub(super) fn prompt_attention_kernel(
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
     #[comptime] heads: usize,
+    #[comptime] keys: usize,
 ) {
     let h = CUBE_POS_X as usize;
     let g = h / group;
     let t0 = CUBE_POS_Y as usize * PROMPT_QUERIES;
     let tid = UNIT_POS as usize;
     let p0 = pos[0] as usize;
-    let stride = comptime!(head_dim + 1);
-    let mut sq = Shared::<[f32]>::new_slice(comptime!(PROMPT_QUERIES * head_dim));
-    let mut skv = Shared::<[f32]>::new_slice(comptime!(PROMPT_KEYS * (head_dim + 1)));
-    let mut sp = Shared::<[f32]>::new_slice(comptime!(PROMPT_QUERIES * PROMPT_KEYS));
-    let mut sm = Shared::<[f32]>::new_slice(PROMPT_QUERIES);
-    let mut sl = Shared::<[f32]>::new_slice(PROMPT_QUERIES);
+    // Vectors of four in a row of a head.
+    let hv = comptime!(head_dim / 4);
+    let kpt = comptime!(keys / ROW_THREADS);
+    let sp_row = comptime!(keys + 1);
+    let mut sq = Shared::<[F4]>::new_slice(comptime!(PROMPT_QUERIES * head_dim / 4));
+    let mut skv = Shared::<[F4]>::new_slice(comptime!(keys * head_dim / 4));
+    let mut sp = Shared::<[f32]>::new_slice(comptime!(PROMPT_QUERIES * (keys + 1)));
     let mut sc = Shared::<[f32]>::new_slice(PROMPT_QUERIES);
+    let mut spart = Shared::<[f32]>::new_slice(comptime!(PROMPT_QUERIES * ROW_THREADS));
     // The rows' live count: rows past the pass, or past the cache (a caller's bug), attend to
     // nothing and write nothing.
     let mut live = rows - t0;
@@ -568,33 +596,38 @@ pub(super) fn prompt_attention_kernel(
         }
     }
     let mut i = tid;
-    while i < comptime!(PROMPT_QUERIES * head_dim) {
-        let r = i / head_dim;
-        let mut value = 0.0f32;
+    while i < comptime!(PROMPT_QUERIES * head_dim / 4) {
+        let r = i / hv;
+        let e = i % hv;
+        let mut four = F4::new(0.0f32);
         if r < live {
             let t = t0 + r;
             let at = (t * heads + h) * head_dim;
-            value = rotated(q, at, i % head_dim, cos, sin, p0 + t, head_dim);
+            #[unroll]
+            for c in 0..4usize {
+                four.insert(c, rotated(q, at, 4 * e + c, cos, sin, p0 + t, head_dim));
+            }
         }
-        sq[i] = value;
+        sq[r * hv + (e ^ (r % 8))] = four;
         i += THREADS;
-    }
-    if tid < PROMPT_QUERIES {
-        sm[tid] = LOWEST.runtime();
-        sl[tid] = 0.0;
     }
     // Keys `0..len`: up to the last live row's position.
     let len = p0 + t0 + live;
-    let base = g * capacity * head_dim;
-    // Each thread's outputs: value `d` of rows `r0 + u * step`.
-    let per = comptime!(PROMPT_QUERIES * head_dim / THREADS);
-    let step = comptime!(THREADS / head_dim);
-    let d = tid % head_dim;
-    let r0 = tid / head_dim;
-    let mut acc = Array::<f32>::new(per);
+    let base = g * capacity * hv;
+    // Scoring: row `sr` against keys `kg + 8 * c` of each tile.
+    let sr = tid / ROW_THREADS;
+    let kg = tid % ROW_THREADS;
+    let last = p0 + t0 + sr;
+    let mut m = LOWEST.runtime();
+    let mut l = 0.0f32;
+    // Adding values: vector `vi` of rows `rg * per + u`.
+    let per = comptime!(head_dim / 32);
+    let vi = tid % hv;
+    let rg = tid / hv;
+    let mut acc = Array::<F4>::new(per);
     #[unroll]
     for u in 0..per {
-        acc[u] = 0.0;
+        acc[u] = F4::new(0.0f32);
     }
     sync_cube();
     let mut k0 = 0usize;
@@ -602,66 +635,89 @@ pub(super) fn prompt_attention_kernel(
         k0 = len;
     }
     while k0 < len {
-        load_tile(kc, &mut skv, base, k0, len, head_dim);
+        load_tile(kc, &mut skv, base, k0, len, head_dim, keys);
         sync_cube();
+        let mut dots = Array::<F4>::new(kpt);
         #[unroll]
-        for u in 0..comptime!(PROMPT_QUERIES * PROMPT_KEYS / THREADS) {
-            let pr = tid + u * THREADS;
-            let r = pr / PROMPT_KEYS;
-            let j = pr % PROMPT_KEYS;
-            let mut dot = 0.0f32;
+        for c in 0..kpt {
+            dots[c] = F4::new(0.0f32);
+        }
+        #[unroll]
+        for e in 0..hv {
+            let qv = sq[sr * hv + (e ^ (sr % 8))];
             #[unroll]
-            for e in 0..head_dim {
-                dot += sq[r * head_dim + e] * skv[j * stride + e];
+            for c in 0..kpt {
+                dots[c] += qv * skv[(kg + 8 * c) * hv + (e ^ kg)];
             }
+        }
+        let mut s = Array::<f32>::new(kpt);
+        let mut top = LOWEST.runtime();
+        #[unroll]
+        for c in 0..kpt {
+            let d = dots[c];
             let mut score = LOWEST.runtime();
-            if k0 + j <= p0 + t0 + r && r < live {
-                score = dot * scale;
+            if sr < live && k0 + kg + 8 * c <= last {
+                score =
+                    (d.extract(0usize) + d.extract(1usize) + d.extract(2usize) + d.extract(3usize))
+                        * scale;
             }
-            sp[pr] = score;
+            s[c] = score;
+            top = f32::max(top, score);
         }
+        spart[tid] = top;
         sync_cube();
-        if tid < PROMPT_QUERIES {
-            let r = tid;
-            let mut top = sm[r];
-            for j in 0..PROMPT_KEYS {
-                top = f32::max(top, sp[r * PROMPT_KEYS + j]);
-            }
-            let mut sum = 0.0f32;
-            for j in 0..PROMPT_KEYS {
-                let mut w = 0.0f32;
-                if k0 + j <= p0 + t0 + r && r < live {
-                    w = f32::exp(sp[r * PROMPT_KEYS + j] - top);
-                }
-                sp[r * PROMPT_KEYS + j] = w;
-                sum += w;
-            }
-            // The first tile's correction is `exp(LOWEST - top)`: 0, or 1 over a row with no
-            // key yet, whose sums are still 0.
-            let c = f32::exp(sm[r] - top);
-            sl[r] = sl[r] * c + sum;
-            sm[r] = top;
-            sc[r] = c;
+        // The keys are read: the tile's values load while the weights are worked out.
+        load_tile(vc, &mut skv, base, k0, len, head_dim, keys);
+        top = m;
+        #[unroll]
+        for k in 0..ROW_THREADS {
+            top = f32::max(top, spart[sr * ROW_THREADS + k]);
         }
-        sync_cube();
-        load_tile(vc, &mut skv, base, k0, len, head_dim);
+        let mut sum = 0.0f32;
+        #[unroll]
+        for c in 0..kpt {
+            let mut w = 0.0f32;
+            if sr < live && k0 + kg + 8 * c <= last {
+                w = f32::exp(s[c] - top);
+            }
+            sp[sr * sp_row + kg + 8 * c] = w;
+            sum += w;
+        }
+        // The first tile's correction is `exp(LOWEST - top)`: 0, or 1 over a row with no key
+        // yet, whose sums are still 0.
+        let correction = f32::exp(m - top);
+        l = l * correction + sum;
+        m = top;
+        if kg == 0 {
+            sc[sr] = correction;
+        }
         sync_cube();
         #[unroll]
         for u in 0..per {
-            let r = r0 + u * step;
-            let mut a = acc[u] * sc[r];
-            for j in 0..PROMPT_KEYS {
-                a += sp[r * PROMPT_KEYS + j] * skv[j * stride + d];
+            acc[u] *= F4::new(sc[rg * per + u]);
+        }
+        #[unroll]
+        for j in 0..keys {
+            let value = skv[j * hv + (vi ^ (j % 8))];
+            #[unroll]
+            for u in 0..per {
+                acc[u] += value * F4::new(sp[(rg * per + u) * sp_row + j]);
             }
-            acc[u] = a;
         }
         sync_cube();
-        k0 += PROMPT_KEYS;
+        k0 += keys;
     }
+    spart[tid] = l;
+    sync_cube();
     #[unroll]
     for u in 0..per {
-        let r = r0 + u * step;
-        sq[r * head_dim + d] = acc[u] / sl[r];
+        let r = rg * per + u;
+        let mut total = 0.0f32;
+        #[unroll]
+        for k in 0..ROW_THREADS {
+            total += spart[r * ROW_THREADS + k];
+        }
+        sq[r * hv + (vi ^ (r % 8))] = acc[u] / F4::new(total);
     }
     sync_cube();
     let per_head = comptime!(head_dim / BLOCK);
@@ -673,12 +729,7 @@ pub(super) fn prompt_attention_kernel(
             let mut vals = Array::<F4>::new(4usize);
             #[unroll]
             for i in 0..4usize {
-                let mut four = F4::new(0.0f32);
-                #[unroll]
-                for c in 0..4usize {
-                    four.insert(c, sq[r * head_dim + b * BLOCK + 4 * i + c]);
-                }
-                vals[i] = four;
+                vals[i] = sq[r * hv + ((4 * b + i) ^ (r % 8))];
             }
             let at = ((t0 + r) * heads + h) * per_head + b;
             split_block(&vals, xq, xs, at, blocks, 8 * blocks);
@@ -686,26 +737,28 @@ pub(super) fn prompt_attention_kernel(
     }
 }
 
-/// Rows `k0..k0 + PROMPT_KEYS` of a head's cache (`head_dim` values each from `base`) into
-/// `tile`, rows padded to `head_dim + 1`; zeros from `len` on.
+/// Rows `k0..k0 + keys` of a head's cache (vectors of four from `base`) into `tile`, vector
+/// `e` of row `j` at `e ^ (j % 8)`; zeros from `len` on.
 #[cube]
 fn load_tile(
-    cache: &[f32],
-    tile: &mut Shared<[f32]>,
+    cache: &[F4],
+    tile: &mut Shared<[F4]>,
     base: usize,
     k0: usize,
     len: usize,
     #[comptime] head_dim: usize,
+    #[comptime] keys: usize,
 ) {
+    let hv = comptime!(head_dim / 4);
     let mut i = UNIT_POS as usize;
-    while i < comptime!(PROMPT_KEYS * head_dim) {
-        let j = i / head_dim;
-        let e = i % head_dim;
-        let mut value = 0.0f32;
+    while i < comptime!(keys * head_dim / 4) {
+        let j = i / hv;
+        let e = i % hv;
+        let mut four = F4::new(0.0f32);
         if k0 + j < len {
-            value = cache[base + (k0 + j) * head_dim + e];
+            four = cache[base + (k0 + j) * hv + e];
         }
-        tile[j * comptime!(head_dim + 1) + e] = value;
+        tile[j * hv + (e ^ (j % 8))] = four;
         i += THREADS;
     }
 }

@@ -369,9 +369,9 @@ pub struct DeviceDecoder {
     prefill_rows: Option<usize>,
     /// Whether a prefill pass's products run as f16 matrix products ([`matrix_products`]).
     matrix: bool,
-    /// Whether a tiled prefill pass's attention runs [`kernels::prompt_attention_kernel`]
-    /// (the device's shared memory holds its tiles).
-    prompt_attention: bool,
+    /// The keys a tile of [`kernels::prompt_attention_kernel`] holds, where a tiled prefill
+    /// pass's attention runs it (the device's shared memory holds its tiles).
+    prompt_attention: Option<usize>,
     /// Device bytes of the largest prefill pass's activations so far (made per prompt).
     prefill_bytes: u64,
     /// Host time spent enqueuing the steady steps (replays, or launches without a graph) that
@@ -627,10 +627,10 @@ impl DeviceDecoder {
         }
         let client = head[0].0.client().clone();
         let units = matrix_units(&client);
-        let prompt_attention = THREADS.is_multiple_of(dims.head_dim)
-            && dims.head_dim.is_multiple_of(16)
-            && 4 * kernels::prompt_attention_shared(dims.head_dim)
-                <= client.properties().hardware.max_shared_memory_size;
+        let prompt_attention = kernels::prompt_attention_keys(
+            dims.head_dim,
+            client.properties().hardware.max_shared_memory_size,
+        );
         // The products after a norm stage `hidden` values in shared memory; the down
         // projection stages `inter` only over q8 rows (over blocks it reads its split in place).
         let staged = if layers
@@ -1339,7 +1339,7 @@ impl DeviceDecoder {
                 self.timed("cache write");
                 count += 1;
             }
-            if tiled && self.prompt_attention {
+            if let (true, Some(keys)) = (tiled, self.prompt_attention) {
                 // SAFETY: as above: `q` holds `rows` rows of `hidden`, the cache
                 // `kv_heads * capacity * head_dim` (the cache write filled the pass's
                 // positions), the split `rows` rows of `hidden`; a cube's rows past the pass
@@ -1357,8 +1357,8 @@ impl DeviceDecoder {
                         BufferArg::from_raw_parts(b.cos.clone(), d.capacity * d.head_dim / 2),
                         BufferArg::from_raw_parts(b.sin.clone(), d.capacity * d.head_dim / 2),
                         BufferArg::from_raw_parts(b.pos.clone(), 1),
-                        BufferArg::from_raw_parts(l.kc.clone(), cache),
-                        BufferArg::from_raw_parts(l.vc.clone(), cache),
+                        BufferArg::from_raw_parts(l.kc.clone(), cache / 4),
+                        BufferArg::from_raw_parts(l.vc.clone(), cache / 4),
                         BufferArg::from_raw_parts(a.split_h.clone(), 2 * hidden_blocks),
                         BufferArg::from_raw_parts(a.split_h.clone(), 9 * hidden_blocks),
                         rows,
@@ -1367,6 +1367,7 @@ impl DeviceDecoder {
                         d.head_dim,
                         d.heads / d.kv_heads,
                         d.heads,
+                        keys,
                     );
                 }
                 self.timed("attention");

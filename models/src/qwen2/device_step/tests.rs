@@ -817,13 +817,19 @@ fn prompt_attention_in_tiles_matches_the_f64_reference_at_the_models_shapes() {
     // NaN past the last (a read past a row's own position carries NaN only where the pass
     // reads beyond its end; within it, a missed mask shows as a wrong value). Qwen2.5-0.5B's
     // heads (14 over 2, 64 values) and the 7B's (28 over 4, 128): a first pass, and passes
-    // after earlier ones whose rows fill no whole tile of queries or keys.
+    // after earlier ones whose rows fill no whole tile of queries or keys; each in every tile
+    // of keys the device's shared memory holds.
     let cases = [
         (14usize, 2usize, 64usize, 64usize, 0usize, 20usize),
         (14, 2, 64, 120, 40, 37),
         (28, 4, 128, 100, 21, 50),
+        (28, 4, 128, 200, 13, 150),
     ];
+    let max_shared = c.properties().hardware.max_shared_memory_size;
     for (case, (heads, kv_heads, d, capacity, base, rows)) in cases.into_iter().enumerate() {
+        let widest = kernels::prompt_attention_keys(d, max_shared).unwrap_or_else(|| {
+            panic!("{max_shared} bytes of shared memory hold no tile of keys of {d} values")
+        });
         let seed = 900 + 10 * case as u64;
         let group = heads / kv_heads;
         let q = values(rows * heads * d, seed);
@@ -831,38 +837,7 @@ fn prompt_attention_in_tiles_matches_the_f64_reference_at_the_models_shapes() {
         let vc0 = cache_before(seed + 2, kv_heads, capacity, d, base + rows);
         let half = d / 2;
         let (cos, sin) = rope_tables(capacity, d);
-        let (kc, vc, qh) = (upload(&c, &kc0), upload(&c, &vc0), upload(&c, &q));
-        let (ch, sh) = (upload(&c, &cos), upload(&c, &sin));
-        let pos = upload_u32(&c, &[base as u32]);
-        let blocks = rows * heads * d / 16;
-        let out = c.empty(9 * blocks * 4);
         let scale = 1.0 / (d as f32).sqrt();
-        // SAFETY: every buffer holds what the kernel indexes for these shapes.
-        unsafe {
-            kernels::prompt_attention_kernel::launch_unchecked(
-                &c,
-                CubeCount::Static(
-                    heads as u32,
-                    rows.div_ceil(kernels::PROMPT_QUERIES) as u32,
-                    1,
-                ),
-                CubeDim::new_1d(THREADS as u32),
-                BufferArg::from_raw_parts(qh, rows * heads * d),
-                BufferArg::from_raw_parts(ch, capacity * half),
-                BufferArg::from_raw_parts(sh, capacity * half),
-                BufferArg::from_raw_parts(pos, 1),
-                BufferArg::from_raw_parts(kc, kv_heads * capacity * d),
-                BufferArg::from_raw_parts(vc, kv_heads * capacity * d),
-                BufferArg::from_raw_parts(out.clone(), 2 * blocks),
-                BufferArg::from_raw_parts(out.clone(), 9 * blocks),
-                rows,
-                capacity,
-                scale,
-                d,
-                group,
-                heads,
-            );
-        }
         let mut want = vec![0f64; rows * heads * d];
         for t in 0..rows {
             let p = base + t;
@@ -885,23 +860,58 @@ fn prompt_attention_in_tiles_matches_the_f64_reference_at_the_models_shapes() {
                 want[(t * heads + h) * d..][..d].copy_from_slice(&out);
             }
         }
-        // Beside the split's half step, f32 softmax arithmetic (its `exp` the device's) at
-        // 1e-5 of the head row's largest output: a mask or tile missed moves outputs by far
-        // more.
-        let got = unsplit(&words(&c, &out), rows * heads * d);
-        let mut worst = 0f64;
-        for (i, (&(value, step), &w)) in got.iter().zip(&want).enumerate() {
-            let row = &want[i / d * d..][..d];
-            let top = row.iter().fold(0f64, |m, v| m.max(v.abs()));
-            let bound = step / 2.0 + 1e-5 * top;
-            worst = worst.max((value - w).abs() / bound);
-            assert!(
-                (value - w).abs() <= bound,
-                "prompt attention, {heads} heads of {d}, rows {base}..{}[{i}]: {value} \
-                 against {w} (bound {bound:e})",
-                base + rows
-            );
+        for keys in [16, 32].into_iter().filter(|&k| k <= widest) {
+            let (kc, vc, qh) = (upload(&c, &kc0), upload(&c, &vc0), upload(&c, &q));
+            let (ch, sh) = (upload(&c, &cos), upload(&c, &sin));
+            let pos = upload_u32(&c, &[base as u32]);
+            let blocks = rows * heads * d / 16;
+            let out = c.empty(9 * blocks * 4);
+            // SAFETY: every buffer holds what the kernel indexes for these shapes (the cache
+            // as vectors of four).
+            unsafe {
+                kernels::prompt_attention_kernel::launch_unchecked(
+                    &c,
+                    CubeCount::Static(
+                        heads as u32,
+                        rows.div_ceil(kernels::PROMPT_QUERIES) as u32,
+                        1,
+                    ),
+                    CubeDim::new_1d(THREADS as u32),
+                    BufferArg::from_raw_parts(qh, rows * heads * d),
+                    BufferArg::from_raw_parts(ch, capacity * half),
+                    BufferArg::from_raw_parts(sh, capacity * half),
+                    BufferArg::from_raw_parts(pos, 1),
+                    BufferArg::from_raw_parts(kc, kv_heads * capacity * d / 4),
+                    BufferArg::from_raw_parts(vc, kv_heads * capacity * d / 4),
+                    BufferArg::from_raw_parts(out.clone(), 2 * blocks),
+                    BufferArg::from_raw_parts(out.clone(), 9 * blocks),
+                    rows,
+                    capacity,
+                    scale,
+                    d,
+                    group,
+                    heads,
+                    keys,
+                );
+            }
+            // Beside the split's half step, f32 softmax arithmetic (its `exp` the device's) at
+            // 1e-5 of the head row's largest output: a mask or tile missed moves outputs by far
+            // more.
+            let got = unsplit(&words(&c, &out), rows * heads * d);
+            let mut worst = 0f64;
+            for (i, (&(value, step), &w)) in got.iter().zip(&want).enumerate() {
+                let row = &want[i / d * d..][..d];
+                let top = row.iter().fold(0f64, |m, v| m.max(v.abs()));
+                let bound = step / 2.0 + 1e-5 * top;
+                worst = worst.max((value - w).abs() / bound);
+                assert!(
+                    (value - w).abs() <= bound,
+                    "prompt attention, {heads} heads of {d}, tiles of {keys} keys, rows \
+                     {base}..{}[{i}]: {value} against {w} (bound {bound:e})",
+                    base + rows
+                );
+            }
+            eprintln!("{heads} heads of {d}, {keys} keys: largest error {worst:.3} of its bound");
         }
-        eprintln!("{heads} heads of {d}: largest error {worst:.3} of its bound");
     }
 }
