@@ -1,5 +1,6 @@
 """Summary of benches/scripts/gpu_prompt.sh's results (the files in $W/res): per size and build,
-spawn-to-first-token and the prompt's own part (first token minus model-ready) on the three
+each process's wall (spawn to exit, as llama.cpp's are timed), first token after the device is
+open and the prompt's own part (first token minus model-ready) on the three
 prompts as median (min-max) of the rounds with compiled kernels kept, the same from an empty
 kernel cache, the ~1920-token prompt's device time (whole, and by kind of launch), tg128 and
 tg1024 (median, min-max of the rounds); llama.cpp's prompt times, process walls, tg128 and tg1024 beside them, and the ratios:
@@ -26,6 +27,13 @@ def load(name):
 def spread(xs):
     xs = [x for x in xs if x is not None]
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
+
+
+def wall(name):
+    try:
+        return float(open(f"{res}/{name}.wall").read())
+    except (OSError, ValueError):
+        return None
 
 
 def text(name):
@@ -65,17 +73,23 @@ for size in ["7b", "0.5b"]:
         for prompt, p in PROMPTS:
             runs = [r for r in (load(f"{b}-{size}-{prompt}-r{r}") for r in range(2)) if r]
             cold = load(f"cold-{b}-{size}-{prompt}")
-            wall = walls.get(p)
+            wall_ll = walls.get(p)
             ft = spread([r["time_to_first_token_ms"] for r in runs])
+            pw = spread([wall(f"{b}-{size}-{prompt}-r{r}") for r in range(2)])
+            cold_wall = wall(f"cold-{b}-{size}-{prompt}")
             e[prompt] = {
                 "prompt_tokens": len(runs[0]["prompt_ids"]) if runs else None,
+                "process_wall_ms": pw,
+                "wall_ratio_to_llama_wall": pw["median"] / wall_ll["median"] if pw and wall_ll else None,
+                "cold_process_wall_ms": cold_wall,
+                "cold_wall_ratio_to_llama_wall": cold_wall / wall_ll["median"] if cold_wall and wall_ll else None,
                 "first_token_ms": ft,
                 "prompt_part_ms": spread([r["time_to_first_token_ms"] - r["model_ready_ms"] for r in runs]),
                 "model_ready_ms": spread([r["model_ready_ms"] for r in runs]),
                 "cold_cache_first_token_ms": cold["time_to_first_token_ms"] if cold else None,
-                "ratio_to_llama_wall": ft["median"] / wall["median"] if ft and wall else None,
-                "cold_ratio_to_llama_wall": (cold["time_to_first_token_ms"] / wall["median"]
-                                             if cold and wall else None),
+                "ratio_to_llama_wall": ft["median"] / wall_ll["median"] if ft and wall_ll else None,
+                "cold_ratio_to_llama_wall": (cold["time_to_first_token_ms"] / wall_ll["median"]
+                                             if cold and wall_ll else None),
             }
         prof = load(f"prof-{b}-{size}-1920")
         if prof and prof.get("prompt_device_us"):
@@ -121,9 +135,11 @@ for size, entry in out["sizes"].items():
         for prompt, _ in PROMPTS:
             c = e[prompt]
             ft = c["first_token_ms"]
-            cells.append(f"{prompt}: {fmt(ft and ft['median'])} ({fmt(c['ratio_to_llama_wall'], '.2f')}x), "
-                         f"cold {fmt(c['cold_cache_first_token_ms'])} ({fmt(c['cold_ratio_to_llama_wall'], '.2f')}x)")
-        print(f"  {b} first token ms: " + "; ".join(cells))
+            pw = c["process_wall_ms"]
+            cells.append(f"{prompt}: {fmt(pw and pw['median'])} ({fmt(c['wall_ratio_to_llama_wall'], '.2f')}x), "
+                         f"cold {fmt(c['cold_process_wall_ms'])} ({fmt(c['cold_wall_ratio_to_llama_wall'], '.2f')}x), "
+                         f"first token {fmt(ft and ft['median'])}")
+        print(f"  {b} process wall ms: " + "; ".join(cells))
         if "prompt_1920_device_ms" in e:
             print(f"     ~1920-token prompt on the device: {e['prompt_1920_device_ms']:.1f} ms, "
                   f"throughput {fmt(e['prompt_throughput_ratio'], '.2f')}x llama.cpp's pp1921")
