@@ -85,6 +85,7 @@ for size in ["7b", "0.5b"]:
                 "cold_wall_ratio_to_llama_wall": cold_wall / wall_ll["median"] if cold_wall and wall_ll else None,
                 "first_token_ms": ft,
                 "prompt_part_ms": spread([r["time_to_first_token_ms"] - r["model_ready_ms"] for r in runs]),
+                "device_open_ms": spread([r.get("device_open_ms") for r in runs]),
                 "model_ready_ms": spread([r["model_ready_ms"] for r in runs]),
                 "cold_cache_first_token_ms": cold["time_to_first_token_ms"] if cold else None,
                 "ratio_to_llama_wall": ft["median"] / wall_ll["median"] if ft and wall_ll else None,

@@ -60,7 +60,8 @@ import json, sys
 t = sys.argv[1]
 try: s = json.load(open(t + ".json"))
 except Exception: print(t.split("/")[-1], "FAILED", open(t + ".err").read()[-400:]); sys.exit()
-print(t.split("/")[-1], "wall", open(t + ".wall").read().strip(), "ready", round(s["model_ready_ms"]), "ttft", round(s["time_to_first_token_ms"]),
+print(t.split("/")[-1], "wall", open(t + ".wall").read().strip(), "open", round(s.get("device_open_ms") or 0),
+      "ready", round(s["model_ready_ms"]), "ttft", round(s["time_to_first_token_ms"]),
       "prompt", len(s.get("prompt_ids", [])), s.get("decode_path"))
 k = s.get("prompt_device_us_by_launch")
 if k: print("   prompt device ms:", round(s["prompt_device_us"] / 1e3, 1) if s.get("prompt_device_us") else "-", "by launch:",

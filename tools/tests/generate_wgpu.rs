@@ -107,6 +107,14 @@ fn generate_on_wgpu_gives_the_reference_tokens_from_blocks_and_the_q8_store() {
         // staging ring.
         let uploaded = summary["uploaded_bytes"].as_u64().unwrap_or(0);
         assert!(uploaded > 256 << 20, "{extra:?}: uploaded {uploaded} bytes");
+        // The device step opened the GPU itself, and says how long that took.
+        assert!(
+            summary["device_open_ms"]
+                .as_f64()
+                .is_some_and(|ms| ms > 0.0),
+            "{extra:?}: device_open_ms {}",
+            summary["device_open_ms"]
+        );
         launches.push(summary["launches_per_token"].as_u64().unwrap());
         eprintln!(
             "wgpu adapter {:?}: largest binding {:?} bytes; {TOKENS} tokens after {} equal the \

@@ -131,6 +131,10 @@ struct Summary {
     prompt_ids: Vec<u32>,
     generated_ids: Vec<u32>,
     text: String,
+    /// Starting the GPU runtime (instance, adapter, device), before the model loads; not part of
+    /// `model_ready_ms` or `time_to_first_token_ms`, which count from its end. `None` on the CPU
+    /// or where the device step was not asked for (the runtime then starts at first use).
+    device_open_ms: Option<f64>,
     model_ready_ms: f64,
     /// Reading the vocabulary (from the GGUF's header or the tokenizer file), after the model
     /// is ready and before the prompt runs.
@@ -316,10 +320,15 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
     // batches, which let the GPU start while the host is still launching.
     let stepped = matches!(format, None | Some(WeightFormat::Q8 | WeightFormat::Blocks));
-    let device = if stepped && !args.no_device_step {
-        args.place.device.decode_device()?
+    let opening = Instant::now();
+    let (device, device_open) = if stepped && !args.no_device_step {
+        let device = args.place.device.decode_device()?;
+        (
+            device,
+            (args.place.device != DeviceArg::Cpu).then(|| opening.elapsed()),
+        )
     } else {
-        device
+        (device, None)
     };
     let bar = super::progress::bytes_bar(0, "converting", args.json);
     let mut progress = |p: &Progress<'_>| {
@@ -457,6 +466,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         prompt,
         prompt_ids,
         generated_ids: generated,
+        device_open_ms: device_open.map(|d| d.as_secs_f64() * 1e3),
         model_ready_ms: model_ready.as_secs_f64() * 1e3,
         tokenizer_ms: tokenizer_time.as_secs_f64() * 1e3,
         device_step_setup_ms: path.setup_ms,
