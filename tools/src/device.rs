@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use burn::tensor::Device;
 
@@ -73,38 +74,42 @@ impl DeviceArg {
 
     /// The Burn device for decoding: [`Self::device`], with a GPU runtime that submits
     /// [`DECODE_TASKS_MAX`] launches at a time unless `CUBECL_WGPU_MAX_TASKS` names a number.
-    /// Each submission costs the GPU a gap, and the decoder submits every step itself.
+    /// Each submission costs the GPU a gap, and the decoder submits every step itself. Beside
+    /// it, how long starting the runtime took, where this call started it (not on the CPU, nor
+    /// where the runtime starts at first use or was up already).
     ///
     /// # Errors
     ///
     /// [`DeviceError::Init`] when the GPU runtime does not come up.
-    pub fn decode_device(self) -> Result<Device, DeviceError> {
+    pub fn decode_device(self) -> Result<(Device, Option<Duration>), DeviceError> {
         if self == DeviceArg::Cpu || std::env::var_os("CUBECL_WGPU_MAX_TASKS").is_some() {
-            return Ok(self.device());
+            return Ok((self.device(), None));
         }
         self.init_gpu(DECODE_TASKS_MAX)
     }
 
     #[cfg(any(feature = "wgpu", feature = "vulkan"))]
-    fn init_gpu(self, tasks_max: usize) -> Result<Device, DeviceError> {
+    fn init_gpu(self, tasks_max: usize) -> Result<(Device, Option<Duration>), DeviceError> {
         use burn::tensor::wgpu::{WgpuBackend, WgpuInitError};
         let api = match self {
             #[cfg(feature = "vulkan")]
             DeviceArg::Vulkan => WgpuBackend::Vulkan,
             _ => WgpuBackend::Auto,
         };
+        let start = std::time::Instant::now();
         match Device::wgpu_options()
             .graphics_api(api)
             .tasks_max(tasks_max)
             .init_with_setup()
         {
             Ok((device, setup)) => {
+                let open = start.elapsed();
                 // Weights reach this device through burn-mapped's staging ring.
                 burn_mapped::upload::register(&device, setup.device, setup.queue);
-                Ok(device)
+                Ok((device, Some(open)))
             }
             // Up already (an earlier command in this process): it keeps its own batch.
-            Err(WgpuInitError::Registration { .. }) => Ok(self.device()),
+            Err(WgpuInitError::Registration { .. }) => Ok((self.device(), None)),
             Err(e) => Err(DeviceError::Init {
                 name: self.name(),
                 reason: e.to_string(),
@@ -113,8 +118,8 @@ impl DeviceArg {
     }
 
     #[cfg(not(any(feature = "wgpu", feature = "vulkan")))]
-    fn init_gpu(self, _tasks_max: usize) -> Result<Device, DeviceError> {
-        Ok(self.device())
+    fn init_gpu(self, _tasks_max: usize) -> Result<(Device, Option<Duration>), DeviceError> {
+        Ok((self.device(), None))
     }
 }
 
@@ -159,13 +164,20 @@ mod tests {
     #[test]
     fn a_decode_device_comes_up_once_and_is_reused() {
         match DeviceArg::Wgpu.decode_device() {
-            Ok(first) => {
+            Ok((first, _)) => {
                 let again = DeviceArg::Wgpu.decode_device();
-                assert_eq!(again.ok(), Some(first), "the runtime that is up, reused");
+                assert_eq!(
+                    again.ok(),
+                    Some((first, None)),
+                    "the runtime that is up, reused, and no start timed"
+                );
             }
             Err(e) => assert!(std::env::var_os("BURN_MAPPED_REQUIRE_GPU").is_none(), "{e}"),
         }
-        assert_eq!(DeviceArg::Cpu.decode_device().ok(), Some(Device::flex()));
+        assert_eq!(
+            DeviceArg::Cpu.decode_device().ok(),
+            Some((Device::flex(), None))
+        );
     }
 
     #[test]

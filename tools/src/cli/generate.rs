@@ -133,7 +133,7 @@ struct Summary {
     text: String,
     /// Starting the GPU runtime (instance, adapter, device), before the model loads; not part of
     /// `model_ready_ms` or `time_to_first_token_ms`, which count from its end. `None` on the CPU
-    /// or where the device step was not asked for (the runtime then starts at first use).
+    /// and where the runtime starts at first use (no device step, or `CUBECL_WGPU_MAX_TASKS`).
     device_open_ms: Option<f64>,
     model_ready_ms: f64,
     /// Reading the vocabulary (from the GGUF's header or the tokenizer file), after the model
@@ -320,13 +320,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // The device step submits its steps itself, each whole; tensor ops keep CubeCL's own
     // batches, which let the GPU start while the host is still launching.
     let stepped = matches!(format, None | Some(WeightFormat::Q8 | WeightFormat::Blocks));
-    let opening = Instant::now();
     let (device, device_open) = if stepped && !args.no_device_step {
-        let device = args.place.device.decode_device()?;
-        (
-            device,
-            (args.place.device != DeviceArg::Cpu).then(|| opening.elapsed()),
-        )
+        args.place.device.decode_device()?
     } else {
         (device, None)
     };
