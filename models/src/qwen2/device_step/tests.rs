@@ -860,11 +860,11 @@ fn prompt_attention_in_tiles_matches_the_f64_reference_at_the_models_shapes() {
                 want[(t * heads + h) * d..][..d].copy_from_slice(&out);
             }
         }
+        let (kc, vc, qh) = (upload(&c, &kc0), upload(&c, &vc0), upload(&c, &q));
+        let (ch, sh) = (upload(&c, &cos), upload(&c, &sin));
+        let pos = upload_u32(&c, &[base as u32]);
+        let blocks = rows * heads * d / 16;
         for keys in [16, 32].into_iter().filter(|&k| k <= widest) {
-            let (kc, vc, qh) = (upload(&c, &kc0), upload(&c, &vc0), upload(&c, &q));
-            let (ch, sh) = (upload(&c, &cos), upload(&c, &sin));
-            let pos = upload_u32(&c, &[base as u32]);
-            let blocks = rows * heads * d / 16;
             let out = c.empty(9 * blocks * 4);
             // SAFETY: every buffer holds what the kernel indexes for these shapes (the cache
             // as vectors of four).
@@ -877,12 +877,12 @@ fn prompt_attention_in_tiles_matches_the_f64_reference_at_the_models_shapes() {
                         1,
                     ),
                     CubeDim::new_1d(THREADS as u32),
-                    BufferArg::from_raw_parts(qh, rows * heads * d),
-                    BufferArg::from_raw_parts(ch, capacity * half),
-                    BufferArg::from_raw_parts(sh, capacity * half),
-                    BufferArg::from_raw_parts(pos, 1),
-                    BufferArg::from_raw_parts(kc, kv_heads * capacity * d / 4),
-                    BufferArg::from_raw_parts(vc, kv_heads * capacity * d / 4),
+                    BufferArg::from_raw_parts(qh.clone(), rows * heads * d),
+                    BufferArg::from_raw_parts(ch.clone(), capacity * half),
+                    BufferArg::from_raw_parts(sh.clone(), capacity * half),
+                    BufferArg::from_raw_parts(pos.clone(), 1),
+                    BufferArg::from_raw_parts(kc.clone(), kv_heads * capacity * d / 4),
+                    BufferArg::from_raw_parts(vc.clone(), kv_heads * capacity * d / 4),
                     BufferArg::from_raw_parts(out.clone(), 2 * blocks),
                     BufferArg::from_raw_parts(out.clone(), 9 * blocks),
                     rows,
